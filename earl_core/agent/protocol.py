@@ -1,0 +1,81 @@
+"""The text protocol between the game and the LLM agent: prompts, the answer format and its parser.
+
+Answer format (documented in the system prompt): ``[col N]`` with N the 0-based column (0-6).
+The parser is lenient about case, spaces and surrounding text (the last ``[col N]`` counts) and,
+failing that, accepts an answer that is only a single digit. Anything else is an invalid answer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from earl_core.env.connect_four import Board
+
+MARKS = {1: "X", 2: "O"}
+
+_SYSTEM = (
+    "You are playing Connect Four as {mark}. The board has 7 columns (0-6) and 6 rows; a stone dropped in a "
+    "column falls to the lowest empty cell. Connect four of your stones in a row, column or diagonal to win. "
+    "{first} Each turn you see the board ({mine} = yours, {theirs} = your opponent's, . = empty) and the legal "
+    "columns. Answer with your move as [col N], for example [col 3]."
+)
+_ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d+)\s*\]", re.IGNORECASE)
+_BARE_DIGIT_RE = re.compile(r"^\s*(\d)\s*$")
+
+
+def system_prompt(agent_side: int) -> str:
+    """Rules for the agent playing side 1 (X, moves first) or 2 (O)."""
+    mine, theirs = MARKS[agent_side], MARKS[3 - agent_side]
+    first = "You move first." if agent_side == 1 else "Your opponent moves first."
+    return _SYSTEM.format(mark=mine, first=first, mine=mine, theirs=theirs)
+
+
+def _legal_text(board: Board) -> str:
+    return "Legal columns: " + ", ".join(str(c) for c in board.legal_columns()) + "."
+
+
+def turn_prompt(board: Board, opponent_column: int | None) -> str:
+    """The user message opening an agent turn: the opponent's move, the board, the legal columns."""
+    head = "Your move." if opponent_column is None else f"Opponent played [col {opponent_column}]."
+    return f"{head}\n{board.to_text()}\n{_legal_text(board)}"
+
+
+def retry_prompt(board: Board, problem: str) -> str:
+    """Feedback after an invalid answer; the agent gets one more try (configurable)."""
+    return f"Invalid move: {problem} Answer with [col N].\n{board.to_text()}\n{_legal_text(board)}"
+
+
+def answer_text(column: int) -> str:
+    """The canonical answer for a column (what a teacher writes in the warm start)."""
+    return f"[col {column}]"
+
+
+@dataclass(frozen=True)
+class ParsedAnswer:
+    """Result of reading an agent's answer: a column, or a problem to report back."""
+
+    column: int | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.column is not None
+
+
+def parse_answer(text: str, board: Board) -> ParsedAnswer:
+    """Read the agent's column from free text and check it against the board."""
+    matches = _ANSWER_RE.findall(text)
+    if matches:
+        raw = matches[-1]
+    else:
+        bare = _BARE_DIGIT_RE.match(text)
+        if bare is None:
+            return ParsedAnswer(None, "no [col N] found in your answer.")
+        raw = bare.group(1)
+    column = int(raw)
+    if not 0 <= column <= 6:
+        return ParsedAnswer(None, f"column {column} does not exist (columns are 0-6).")
+    if column not in board.legal_columns():
+        return ParsedAnswer(None, f"column {column} is full.")
+    return ParsedAnswer(column)

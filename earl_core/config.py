@@ -1,0 +1,314 @@
+"""Run configuration: frozen dataclasses validated on construction (the one place validation lives)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from earl_core.errors import ConfigError
+
+CONFIG_VERSION = 1
+_OPPONENT_RE = re.compile(r"^(random|heuristic|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
+OPPONENT_ALLOWED = "random, heuristic, solver, solver:D with D in 1..42"
+
+
+def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(name, f"must be a number, got {value!r}", allowed=_range_text(lo, hi))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(name, f"{value!r} is out of range", allowed=_range_text(lo, hi))
+
+
+def _range_text(lo: float | None, hi: float | None) -> str:
+    if lo is None:
+        return f"<= {hi}"
+    if hi is None:
+        return f">= {lo}"
+    return f"{lo}..{hi}"
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"unknown value {value!r}", allowed=choices)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which policy to train."""
+
+    path: str | None = None
+    """Local Hugging Face model directory or hub id; None builds a fresh model from `preset`."""
+    preset: str = "tiny"
+    """Architecture preset used when `path` is None (see earl_core.models.MODEL_PRESETS)."""
+    vocab_size: int = 512
+    """Tokenizer size for a freshly built model."""
+
+    def __post_init__(self) -> None:
+        _check_choice("model.preset", self.preset, ("tiny", "small"))
+        _check_range("model.vocab_size", self.vocab_size, 300, 65536)
+        if self.path is not None and (not isinstance(self.path, str) or not self.path.strip()):
+            raise ConfigError("model.path", "must be a non-empty string or null", allowed="a local directory or hub id")
+
+
+@dataclass(frozen=True)
+class GameConfig:
+    """Connect Four episodes: who the agent plays and how strict the protocol is."""
+
+    opponent: str = "random"
+    """Opponent policy: random, heuristic, solver or solver:D (depth-limited)."""
+    agent_side: str = "both"
+    """Which side the agent plays: first, second, or both (half the games each)."""
+    max_invalid: int = 1
+    """Invalid answers tolerated per turn: each gets feedback and a retry; one more loses the game."""
+    format_penalty: float = 0.0
+    """Reward subtracted per invalid answer (on top of win +1 / loss -1 / draw 0)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.opponent, str) or not _OPPONENT_RE.match(self.opponent):
+            raise ConfigError("game.opponent", f"unknown opponent {self.opponent!r}", allowed=OPPONENT_ALLOWED)
+        _check_choice("game.agent_side", self.agent_side, ("first", "second", "both"))
+        _check_range("game.max_invalid", self.max_invalid, 0, 10)
+        _check_range("game.format_penalty", self.format_penalty, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Rollout stage: engine, sampling and batch size."""
+
+    engine: str = "vllm"
+    """Rollout engine: vllm (default, prefix caching) or hf (transformers reference)."""
+    workers: int = 1
+    """Rollout workers (Ray actors), each with its own engine; games are split between them."""
+    groups: int = 8
+    """Game groups per iteration; games in a group share an opening and are compared by GRPO."""
+    group_size: int = 8
+    """Games per group."""
+    temperature: float = 1.0
+    """Sampling temperature during training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 16
+    """Tokens the agent may write per turn."""
+    max_context: int = 4096
+    """Longest conversation (tokens) an episode may reach; longer games end as a loss for the agent."""
+    kv_cache_gib: float = 1.0
+    """vLLM KV cache size on CPU (GiB)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("rollout.engine", self.engine, ("vllm", "hf"))
+        _check_range("rollout.workers", self.workers, 1, 256)
+        _check_range("rollout.groups", self.groups, 1, 4096)
+        _check_range("rollout.group_size", self.group_size, 1, 256)
+        _check_range("rollout.temperature", self.temperature, 0.0, 5.0)
+        _check_range("rollout.top_p", self.top_p, 0.01, 1.0)
+        _check_range("rollout.max_new_tokens", self.max_new_tokens, 1, 4096)
+        _check_range("rollout.max_context", self.max_context, 256, 131072)
+        _check_range("rollout.kv_cache_gib", self.kv_cache_gib, 0.05, 1024)
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Policy optimisation: advantage estimator, clipping, KL and optimiser."""
+
+    name: str = "grpo"
+    """grpo (group-relative advantages) or reinforce (REINFORCE with a running-mean baseline)."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    clip_eps: float = 0.2
+    """PPO clipping range of the probability ratio."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference (starting) policy; 0 turns the reference model off."""
+    epochs: int = 1
+    """Optimisation passes over each iteration's games."""
+    micro_batch: int = 16
+    """Sequences per forward/backward pass (gradients accumulate over micro-batches)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    normalize_std: bool = True
+    """GRPO: divide by the group's reward std (Dr. GRPO style when false)."""
+    baseline_decay: float = 0.9
+    """REINFORCE: decay of the running-mean reward baseline."""
+
+    def __post_init__(self) -> None:
+        _check_choice("algo.name", self.name, ("grpo", "reinforce"))
+        _check_range("algo.lr", self.lr, 1e-8, 1.0)
+        _check_range("algo.clip_eps", self.clip_eps, 0.0, 1.0)
+        _check_range("algo.kl_coef", self.kl_coef, 0.0, 10.0)
+        _check_range("algo.epochs", self.epochs, 1, 100)
+        _check_range("algo.micro_batch", self.micro_batch, 1, 4096)
+        _check_range("algo.max_grad_norm", self.max_grad_norm, 0.0, 1e6)
+        _check_range("algo.baseline_decay", self.baseline_decay, 0.0, 1.0)
+        if not isinstance(self.normalize_std, bool):
+            raise ConfigError("algo.normalize_std", f"must be true or false, got {self.normalize_std!r}", allowed="true, false")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Optional supervised warm start on games of a teacher opponent."""
+
+    enabled: bool = False
+    """Run the warm start before RL."""
+    teacher: str = "heuristic"
+    """Teacher policy whose moves are imitated: heuristic, solver or solver:D."""
+    games: int = 2000
+    """Teacher games to imitate."""
+    epochs: int = 2
+    """Passes over the teacher games."""
+    lr: float = 1e-3
+    """Learning rate of the warm start."""
+    batch: int = 32
+    """Conversations per optimiser step."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("sft.enabled", f"must be true or false, got {self.enabled!r}", allowed="true, false")
+        if not isinstance(self.teacher, str) or not _OPPONENT_RE.match(self.teacher) or self.teacher == "random":
+            raise ConfigError("sft.teacher", f"unknown teacher {self.teacher!r}", allowed="heuristic, solver, solver:D with D in 1..42")
+        _check_range("sft.games", self.games, 1, 10_000_000)
+        _check_range("sft.epochs", self.epochs, 1, 1000)
+        _check_range("sft.lr", self.lr, 1e-8, 1.0)
+        _check_range("sft.batch", self.batch, 1, 4096)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole training run."""
+
+    name: str = "earl-run"
+    """Human name of the run (used for the output folder)."""
+    seed: int = 0
+    """Seed of every random source (model init, games, sampling)."""
+    iterations: int = 20
+    """RL iterations (rollout -> experience -> train -> weight sync)."""
+    trainer_workers: int = 1
+    """Data-parallel trainer workers (Ray actors, gradients all-reduced with gloo/NCCL)."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N iterations (and always at the end)."""
+    eval_games: int = 0
+    """Greedy games against the opponent after training (0 = skip)."""
+    output_dir: str = "runs"
+    """Parent folder of the run's folder (metrics.jsonl, checkpoints/)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    game: GameConfig = field(default_factory=GameConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", self.name):
+            raise ConfigError("name", f"invalid run name {self.name!r}", allowed="1-100 letters, digits, '_', '.', '-'")
+        _check_range("seed", self.seed, 0, 2**31 - 1)
+        _check_range("iterations", self.iterations, 0, 1_000_000)
+        _check_range("trainer_workers", self.trainer_workers, 1, 1024)
+        _check_range("checkpoint_every", self.checkpoint_every, 1, 1_000_000)
+        _check_range("eval_games", self.eval_games, 0, 1_000_000)
+        if self.games_per_iteration < self.trainer_workers:
+            raise ConfigError("trainer_workers", f"{self.trainer_workers} ranks but only {self.games_per_iteration} games "
+                              "per iteration", allowed=f"1..{self.games_per_iteration} (rollout.groups x rollout.group_size)")
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ConfigError("output_dir", "must be a non-empty path", allowed="a folder path")
+
+    @property
+    def games_per_iteration(self) -> int:
+        return self.rollout.groups * self.rollout.group_size
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (YAML/JSON ready), including the config version."""
+        return {"version": CONFIG_VERSION, **dataclasses.asdict(self)}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunConfig:
+        """Build from a plain mapping; unknown keys and wrong types raise ConfigError naming the field."""
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"must be a mapping, got {type(data).__name__}", allowed="a YAML/JSON object")
+        data = dict(data)
+        version = data.pop("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ConfigError("version", f"unsupported config version {version!r}", allowed=[CONFIG_VERSION])
+        return _build(cls, data, prefix="")
+
+
+def _build(cls: type, data: dict[str, Any], *, prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(prefix + unknown[0], "unknown field", allowed=sorted(known))
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        hint = hints[name]
+        path = prefix + name
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(path, f"must be a mapping, got {value!r}", allowed=sorted(f.name for f in dataclasses.fields(hint)))
+            kwargs[name] = _build(hint, value, prefix=path + ".")
+        else:
+            kwargs[name] = _coerce(path, hint, value)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as exc:  # a wrong type reached a comparison inside validation
+        raise ConfigError(prefix.rstrip(".") or "config", str(exc)) from exc
+
+
+def _coerce(path: str, hint: Any, value: Any) -> Any:
+    """Accept ints where floats are expected (YAML writes 1 for 1.0); reject other type mismatches clearly."""
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(path, f"must be an integer, got {value!r}", allowed="an integer")
+    if hint is str and not isinstance(value, str):
+        raise ConfigError(path, f"must be a string, got {value!r}", allowed="a string")
+    return value
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config file and apply `key.sub=value` overrides (values parsed as YAML)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError("config", f"file not found: {p}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from exc
+    return RunConfig.from_dict(apply_overrides(data, overrides or []))
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `a.b.c=value` applied."""
+    out = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}", allowed="dotted.key=value")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(key, "is not a section", allowed="dotted path of a config field")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data

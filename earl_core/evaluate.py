@@ -1,0 +1,81 @@
+"""Evaluation of a checkpoint against a fixed opponent: win/draw/loss as first and second player, 95% intervals."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, play_episodes
+from earl_core.engines.base import RolloutEngine, SamplingSpec, make_engine
+from earl_core.env.opponents import make_opponent
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (sane at 0% and 100%, unlike the normal approximation)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass(frozen=True)
+class SideResult:
+    """Outcome counts of the games played from one side."""
+
+    side: str
+    games: int
+    wins: int
+    draws: int
+    losses: int
+    invalid_answers: int
+
+    @property
+    def win_rate(self) -> float:
+        return self.wins / self.games if self.games else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        lo, hi = wilson_interval(self.wins, self.games)
+        return {**asdict(self), "win_rate": self.win_rate, "win_rate_ci95": [lo, hi]}
+
+
+def engine_policy(engine: RolloutEngine, spec: SamplingSpec) -> Policy:
+    """A policy that asks the engine to continue each waiting conversation."""
+    return lambda episodes: engine.generate([ep.conversation.token_ids for ep in episodes], spec)
+
+
+def evaluate_policy(policy: Policy, encoder: ChatEncoder, *, opponent: str, games: int, seed: int = 0,
+                    limits: RunnerLimits | None = None) -> dict[str, SideResult]:
+    """Play `games` games as first player and `games` as second; each opponent game has its own seed."""
+    limits = limits or RunnerLimits()
+    rng = random.Random(seed)
+    out: dict[str, SideResult] = {}
+    for side, label in ((1, "first"), (2, "second")):
+        specs = [GameSpec(index=i, group=i, agent_side=side, opponent=make_opponent(opponent), seed=rng.getrandbits(31))
+                 for i in range(games)]
+        eps = play_episodes(specs, policy, encoder, limits=limits)
+        results = [e.result for e in eps]
+        out[label] = SideResult(label, games, results.count("win"), results.count("draw"), results.count("loss"),
+                                sum(e.invalid for e in eps))
+    return out
+
+
+def evaluate_checkpoint(model_dir: str, *, opponent: str, games: int, engine: str = "vllm", seed: int = 0,
+                        max_new_tokens: int = 16, engine_opts: dict[str, Any] | None = None) -> dict[str, SideResult]:
+    """Greedy play of a saved model (local folder or hub id) through a rollout engine."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoder = ChatEncoder(tokenizer)
+    eng = make_engine(engine, model_dir, **(engine_opts or {}))
+    try:
+        spec = SamplingSpec(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=(encoder.im_end,), seed=seed)
+        return evaluate_policy(engine_policy(eng, spec), encoder, opponent=opponent, games=games, seed=seed,
+                               limits=RunnerLimits(max_new_tokens=max_new_tokens))
+    finally:
+        eng.close()

@@ -1,0 +1,211 @@
+"""The training loop, top to bottom: rollout -> experience -> train -> weight sync, reported as events."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import AutoTokenizer
+
+from earl_core import events as ev
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.agent.teacher import protocol_corpus, teacher_policy
+from earl_core.config import RunConfig
+from earl_core.env.opponents import make_opponent
+from earl_core.games import iteration_specs, rollout_metrics
+from earl_core.models import create_model
+from earl_core.ray_exec.cluster import ray_cluster
+from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
+from earl_core.rl.advantages import RunningBaseline, grpo_advantages
+
+
+@dataclass
+class RunSummary:
+    """What a finished (or stopped) run reports back."""
+
+    status: str
+    iterations_done: int
+    last_checkpoint: str | None
+    final_metrics: dict[str, float]
+    run_dir: str
+
+
+def base_model_dir(cfg: RunConfig) -> str:
+    """The starting policy: the configured path/hub id, or a fresh model built once into the run folder."""
+    if cfg.model.path:
+        return cfg.model.path
+    target = cfg.run_dir / "base_model"
+    if not (target / "config.json").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        create_model(cfg.model.preset, target, corpus=protocol_corpus(400, seed=cfg.seed), seed=cfg.seed,
+                     vocab_size=cfg.model.vocab_size)
+    return str(target)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("iter_*") if (p / "earl_state.json").exists()
+                   and not p.name.endswith(".tmp"))
+    return ckpts[-1] if ckpts else None
+
+
+def train(
+    cfg: RunConfig,
+    sink: ev.EventSink | None = None,
+    *,
+    run_id: int | str | None = None,
+    resume: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+    ray_address: str | None = None,
+    start_seq: int = 0,
+) -> RunSummary:
+    """Run the whole training; every status, metric, memory reading and sample game goes to `sink`."""
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    file_sink = ev.jsonl_sink(run_dir / "events.jsonl")
+
+    def both(envelope: dict[str, Any]) -> None:
+        file_sink(envelope)
+        if sink is not None:
+            sink(envelope)
+
+    stream = ev.EventStream(run_id if run_id is not None else cfg.name, both, start_seq=start_seq)
+    stream.emit(ev.RunStatus("starting", "preparing model and workers"))
+    try:
+        return _run(cfg, stream, resume=resume, should_stop=should_stop, ray_address=ray_address)
+    except BaseException as exc:
+        stream.emit(ev.Error(message=str(exc) or type(exc).__name__, kind=type(exc).__name__,
+                             traceback=traceback.format_exc()))
+        stream.emit(ev.RunStatus("failed", str(exc)))
+        raise
+
+
+def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: Callable[[], bool],
+         ray_address: str | None) -> RunSummary:
+    run_dir = cfg.run_dir
+    base = base_model_dir(cfg)
+    start_iter, init_dir, baseline_value = 0, base, None
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "earl_state.json").read_text())
+        start_iter, init_dir, baseline_value = state["iteration"], str(checkpoint), state.get("baseline")
+        stream.emit(ev.Log("info", f"resuming from {checkpoint} at iteration {start_iter}"))
+    engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context, "seed": cfg.seed} \
+        if cfg.rollout.engine == "vllm" else {}
+    needed_cpus = cfg.rollout.workers + cfg.trainer_workers
+    metrics_path = run_dir / "metrics.jsonl"
+    last_ckpt: str | None = str(checkpoint) if checkpoint else None
+    values: dict[str, float] = {}
+    with ray_cluster(ray_address, num_cpus=needed_cpus) as where:
+        stream.emit(ev.Log("info", f"using {where}"))
+        trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
+                               seed=cfg.seed)
+        if checkpoint is not None:
+            trainer.load_optimizer(str(checkpoint))
+        if cfg.sft.enabled and checkpoint is None:
+            _warm_start(cfg, trainer, base, stream)
+        rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts)
+        try:
+            if cfg.sft.enabled and checkpoint is None:
+                rollout.load_weights(trainer.weights())
+            stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
+            baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
+            it = start_iter
+            for it in range(start_iter, cfg.iterations):
+                if should_stop():
+                    last_ckpt = _checkpoint(cfg, trainer, it, baseline)
+                    stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
+                    return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
+                values = _iteration(cfg, it, rollout, trainer, baseline, stream)
+                with metrics_path.open("a") as fh:
+                    fh.write(json.dumps({"iteration": it, **values}) + "\n")
+                if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
+                    last_ckpt = _checkpoint(cfg, trainer, it + 1, baseline)
+        finally:
+            rollout.close()
+            trainer.close()
+    stream.emit(ev.RunStatus("succeeded", f"{cfg.iterations} iterations"))
+    return RunSummary("succeeded", cfg.iterations, last_ckpt, values, str(run_dir))
+
+
+def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,
+               stream: ev.EventStream) -> dict[str, float]:
+    t0 = time.perf_counter()
+    sampling = {"max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
+                "top_p": cfg.rollout.top_p, "seed": cfg.seed + it}
+    limits = {"max_invalid": cfg.game.max_invalid, "format_penalty": cfg.game.format_penalty,
+              "max_context": cfg.rollout.max_context, "max_new_tokens": cfg.rollout.max_new_tokens}
+    played = rollout.play(iteration_specs(cfg, it), sampling, limits)
+    records = played["records"]
+    rewards = [r["reward"] for r in records]
+    if cfg.algo.name == "grpo":
+        adv = grpo_advantages(rewards, [r["group"] for r in records], normalize_std=cfg.algo.normalize_std)
+    else:
+        adv = baseline.advantages(rewards)
+    t1 = time.perf_counter()
+    train_metrics = trainer.rl_step(records, adv.tolist())
+    t2 = time.perf_counter()
+    sync_s = rollout.load_weights(trainer.weights())
+    t3 = time.perf_counter()
+    values = {
+        **rollout_metrics(records),
+        **train_metrics,
+        "perf/rollout_s": played["seconds"],
+        "perf/rollout_tokens_per_s": played["generated_tokens"] / max(played["seconds"], 1e-9),
+        "perf/generated_tokens": float(played["generated_tokens"]),
+        "perf/weight_sync_s": t3 - t2,
+        "perf/weight_load_s": sync_s,
+        "perf/iteration_s": t3 - t0,
+        "perf/train_step_s": t2 - t1,
+    }
+    stream.emit(ev.Metrics(iteration=it, values=values))
+    stream.emit(ev.MemoryReading(iteration=it, workers=rollout.memory() + trainer.memory()))
+    _emit_sample_game(stream, it, records[0])
+    return values
+
+
+def _emit_sample_game(stream: ev.EventStream, it: int, record: dict[str, Any]) -> None:
+    for m in record["moves"]:
+        stream.emit(ev.GameMove(iteration=it, game=record["index"], ply=m["ply"], player=m["player"],
+                                column=m["column"], board=m["board"], text=m["text"], context_tokens=m["context_tokens"]))
+    stream.emit(ev.GameEnd(iteration=it, game=record["index"], result=record["result"], reward=record["reward"],
+                           moves=record["board_moves"], agent_side=record["agent_side"], opponent=record["opponent"]))
+
+
+def _checkpoint(cfg: RunConfig, trainer: TrainerGroup, iteration: int, baseline: RunningBaseline) -> str:
+    path = cfg.run_dir / "checkpoints" / f"iter_{iteration:06d}"
+    return trainer.save(str(path), {"iteration": iteration, "baseline": baseline.value, "config": cfg.to_dict()})
+
+
+def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream) -> None:
+    """Imitate a teacher's moves (SFT on whole conversations) before RL."""
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
+    teacher = make_opponent(cfg.sft.teacher)
+    specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent("random"), seed=cfg.seed * 7919 + i)
+             for i in range(cfg.sft.games)]
+    episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed), encoder,
+                             limits=RunnerLimits(max_context=cfg.rollout.max_context))
+    records = [e.record() for e in episodes]
+    stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games, {cfg.sft.epochs} epochs"))
+    step = 0
+    for epoch in range(cfg.sft.epochs):
+        order = list(range(len(records)))
+        random.Random(cfg.seed + epoch).shuffle(order)
+        for start in range(0, len(order), cfg.sft.batch):
+            chunk = [records[i] for i in order[start : start + cfg.sft.batch]]
+            if len(chunk) < cfg.trainer_workers:
+                continue
+            m = trainer.sft_step(chunk, cfg.sft.lr)
+            step += 1
+            if step % 10 == 0:
+                stream.emit(ev.Metrics(iteration=0, values={**m, "sft/epoch": float(epoch), "sft/step": float(step)}))
+    trainer.reset_lr()

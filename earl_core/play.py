@@ -1,0 +1,47 @@
+"""A person plays the agent in the terminal."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.episode import Episode
+from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.engines.base import SamplingSpec, make_engine
+from earl_core.env.connect_four import Board
+
+
+class HumanOpponent:
+    """Reads the person's column (0-6) from standard input."""
+
+    name = "human"
+
+    def choose(self, board: Board, rng: object) -> int:
+        while True:
+            print(board.to_text())
+            raw = input(f"your move {board.legal_columns()}: ").strip()
+            if raw.isdigit() and int(raw) in board.legal_columns():
+                return int(raw)
+            print(f"not a legal column: {raw!r}")
+
+
+def play_in_terminal(checkpoint: str, *, human_side: int, engine: str, seed: int) -> int:
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(checkpoint))
+    eng = make_engine(engine, checkpoint)
+    spec = SamplingSpec(max_new_tokens=16, temperature=0.0, stop_token_ids=(encoder.im_end,), seed=seed)
+
+    def policy(episodes: list[Episode]) -> list:
+        gens = eng.generate([ep.conversation.token_ids for ep in episodes], spec)
+        for g in gens:
+            print("agent:", encoder.decode_answer(list(g.token_ids)))
+        return gens
+
+    try:
+        game = GameSpec(index=0, group=0, agent_side=3 - human_side, opponent=HumanOpponent(), seed=seed)
+        (ep,) = play_episodes([game], policy, encoder, limits=RunnerLimits())
+    finally:
+        eng.close()
+    print(ep.board.to_text())
+    verdict = {"win": "the agent wins", "loss": "you win", "draw": "draw"}[ep.result or "draw"]
+    print(f"{verdict} ({ep.end_reason})")
+    return 0

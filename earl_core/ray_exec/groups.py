@@ -1,0 +1,107 @@
+"""Worker groups: split work across the actors of a stage and gather their results (paired split/gather)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import ray
+
+from earl_core.ray_exec.workers import RolloutWorker, TrainerWorker
+
+T = TypeVar("T")
+
+
+def split_round_robin(items: Sequence[T], parts: int) -> list[list[T]]:
+    """Item i goes to part i % parts (games are interleaved so each worker gets both sides and all groups)."""
+    return [list(items[i::parts]) for i in range(parts)]
+
+
+def split_by_tokens(records: Sequence[dict[str, Any]], parts: int) -> list[list[int]]:
+    """Indices per part, longest first onto the lightest part, so ranks get similar token counts."""
+    loads = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(records)), key=lambda i: -len(records[i]["token_ids"])):
+        k = loads.index(min(loads))
+        out[k].append(i)
+        loads[k] += len(records[i]["token_ids"])
+    return out
+
+
+class RolloutGroup:
+    """N rollout actors, one engine each."""
+
+    def __init__(self, model_dir: str, *, workers: int, engine: str, engine_opts: dict[str, Any],
+                 num_cpus: float = 1, num_gpus: float = 0) -> None:
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+        self.actors = [actor.remote(model_dir, index=i, engine=engine, engine_opts=engine_opts) for i in range(workers)]
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+        """Split the games, play them everywhere at once, gather records in game order plus summed stats."""
+        shares = split_round_robin(specs, len(self.actors))
+        results = ray.get([a.play.remote(s, sampling, limits) for a, s in zip(self.actors, shares) if s])
+        records = sorted((r for res in results for r in res["records"]), key=lambda r: r["index"])
+        return {
+            "records": records,
+            "generated_tokens": sum(r["generated_tokens"] for r in results),
+            "seconds": max(r["seconds"] for r in results),
+            "per_worker": [{"worker": r["worker"], "seconds": r["seconds"], "tokens": r["generated_tokens"]} for r in results],
+        }
+
+    def load_weights(self, weights_ref: list[ray.ObjectRef]) -> float:
+        return max(ray.get([a.load_weights.remote(weights_ref) for a in self.actors]))
+
+    def memory(self) -> list[dict[str, Any]]:
+        return ray.get([a.memory.remote() for a in self.actors])
+
+    def close(self) -> None:
+        ray.get([a.close.remote() for a in self.actors])
+        for a in self.actors:
+            ray.kill(a)
+
+
+class TrainerGroup:
+    """Data-parallel trainer ranks sharing one process group."""
+
+    def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
+                 num_cpus: float = 1, num_gpus: float = 0) -> None:
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
+        self.actors = [actor.remote(rank=r, world_size=workers) for r in range(workers)]
+        master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
+        ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master)
+                 for a in self.actors])
+
+    def rl_step(self, records: list[dict[str, Any]], advantages: Sequence[float]) -> dict[str, float]:
+        shares = split_by_tokens(records, len(self.actors))
+        futures = [a.rl_step.remote([records[i] for i in idx], [float(advantages[i]) for i in idx])
+                   for a, idx in zip(self.actors, shares)]
+        results = ray.get(futures)
+        out = dict(results[0])  # losses are already global (reduced); times: the slowest rank
+        for key in ("perf/experience_s", "perf/train_s"):
+            out[key] = max(r[key] for r in results)
+        return out
+
+    def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
+        shares = split_by_tokens(records, len(self.actors))
+        return ray.get([a.sft_step.remote([records[i] for i in idx], lr) for a, idx in zip(self.actors, shares)])[0]
+
+    def reset_lr(self) -> None:
+        ray.get([a.reset_lr.remote() for a in self.actors])
+
+    def weights(self) -> list[ray.ObjectRef]:
+        return ray.get(self.actors[0].weights.remote())
+
+    def save(self, path: str, extra: dict[str, Any]) -> str:
+        return ray.get(self.actors[0].save.remote(path, extra))
+
+    def load_optimizer(self, checkpoint: str) -> None:
+        ray.get([a.load_optimizer.remote(checkpoint) for a in self.actors])
+
+    def memory(self) -> list[dict[str, Any]]:
+        return ray.get([a.memory.remote() for a in self.actors])
+
+    def close(self) -> None:
+        ray.get([a.close.remote() for a in self.actors])
+        for a in self.actors:
+            ray.kill(a)

@@ -1,0 +1,147 @@
+"""Ray actor classes: a rollout worker owning one engine, and a data-parallel trainer worker owning a Learner."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.config import AlgoConfig
+from earl_core.engines.base import SamplingSpec, make_engine
+from earl_core.env.opponents import make_opponent
+from earl_core.ray_exec.memory import memory_reading
+from earl_core.rl.learner import Learner
+
+
+class RolloutWorker:
+    """Plays a share of each iteration's games with its own engine; receives new weights in memory."""
+
+    def __init__(self, model_dir: str, *, index: int, engine: str, engine_opts: dict[str, Any]) -> None:
+        self.index = index
+        self.name = f"rollout-{index}"
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.encoder = ChatEncoder(tokenizer)
+        self.engine = make_engine(engine, model_dir, **engine_opts)
+
+    def ready(self) -> str:
+        return self.name
+
+    def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+        """Play the given games; returns finished episode records and rollout statistics."""
+        spec = SamplingSpec(**{**sampling, "stop_token_ids": (self.encoder.im_end,)})
+        generated = 0
+        calls = 0
+
+        def policy(episodes: list) -> list:
+            nonlocal generated, calls
+            gens = self.engine.generate([ep.conversation.token_ids for ep in episodes], spec)
+            generated += sum(len(g.token_ids) for g in gens)
+            calls += 1
+            return gens
+
+        games = [
+            GameSpec(index=s["index"], group=s["group"], agent_side=s["agent_side"],
+                     opponent=make_opponent(s["opponent"]), seed=s["seed"])
+            for s in specs
+        ]
+        start = time.perf_counter()
+        episodes = play_episodes(games, policy, self.encoder, limits=RunnerLimits(**limits))
+        seconds = time.perf_counter() - start
+        return {
+            "records": [ep.record() for ep in episodes],
+            "generated_tokens": generated,
+            "engine_calls": calls,
+            "seconds": seconds,
+            "worker": self.name,
+        }
+
+    def load_weights(self, state_dict_ref: list[ray.ObjectRef]) -> float:
+        """Load weights handed over by reference (they come straight from the trainer, never via the driver)."""
+        start = time.perf_counter()
+        state_dict = ray.get(state_dict_ref[0])
+        self.engine.load_weights(state_dict)
+        return time.perf_counter() - start
+
+    def memory(self) -> dict[str, Any]:
+        return memory_reading(self.name, "rollout")
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class TrainerWorker:
+    """One data-parallel rank of the trainer; ranks all-reduce gradients with gloo (CPU) or NCCL (GPU)."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.name = f"trainer-{rank}"
+        self.learner: Learner | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and a free port on this rank's node for the process group (rank 0 hosts it)."""
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, int(s.getsockname()[1])
+
+    def setup(self, model_dir: str, *, algo: dict[str, Any], reference_dir: str | None, seed: int,
+              master: tuple[str, int] | None) -> str:
+        if self.world_size > 1:
+            assert master is not None
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                    world_size=self.world_size, timeout=timedelta(minutes=10))
+        self.learner = Learner(model_dir, algo=AlgoConfig(**algo), reference_dir=reference_dir, seed=seed,
+                               reduce=self._all_reduce)
+        return self.name
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float]:
+        assert self.learner is not None
+        start = time.perf_counter()
+        batch = self.learner.prepare(records, advantages)
+        prepared = time.perf_counter()
+        metrics = self.learner.rl_step(batch)
+        end = time.perf_counter()
+        return {**metrics, "perf/experience_s": prepared - start, "perf/train_s": end - prepared}
+
+    def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
+        assert self.learner is not None
+        return self.learner.sft_step(records, lr=lr)
+
+    def reset_lr(self) -> None:
+        assert self.learner is not None
+        self.learner.reset_lr()
+
+    def weights(self) -> list[ray.ObjectRef]:
+        """The weights as an object in this worker's store, returned by reference (wrapped so Ray does not fetch it)."""
+        assert self.learner is not None
+        return [ray.put(self.learner.state_dict())]
+
+    def save(self, path: str, extra: dict[str, Any]) -> str:
+        assert self.learner is not None
+        return str(self.learner.save(path, extra=extra))
+
+    def load_optimizer(self, checkpoint: str) -> None:
+        assert self.learner is not None
+        self.learner.load_optimizer(checkpoint)
+
+    def memory(self) -> dict[str, Any]:
+        return memory_reading(self.name, "train")
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,58 @@
+"""Episode-level advantages for multi-turn games: GRPO (group-relative) and REINFORCE with a running baseline.
+
+A game yields one reward at its end; every agent token of the game shares the episode's advantage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+
+def grpo_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[int],
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """(r - mean of its group) / (std of its group + eps); std is the population std (ddof=0).
+
+    A group whose games all got the same reward carries no signal and gets advantage 0.
+    """
+    if len(rewards) != len(groups):
+        raise ValueError(f"rewards ({len(rewards)}) and groups ({len(groups)}) differ in length")
+    r = torch.tensor(rewards, dtype=torch.float64)
+    out = torch.zeros_like(r)
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    for idx in members.values():
+        sel = r[idx]
+        centred = sel - sel.mean()
+        std = sel.std(unbiased=False)
+        if std == 0:  # identical rewards: no signal (and no 0/0 when eps is 0)
+            continue
+        if normalize_std:
+            centred = centred / (std + eps)
+        out[idx] = centred
+    return out.float()
+
+
+class RunningBaseline:
+    """Exponential moving average of the batch mean reward (REINFORCE baseline)."""
+
+    def __init__(self, decay: float = 0.9, value: float | None = None) -> None:
+        self.decay = decay
+        self.value = value
+
+    def advantages(self, rewards: Sequence[float]) -> torch.Tensor:
+        """r - baseline (baseline taken before this batch), then fold this batch's mean into it."""
+        r = torch.tensor(rewards, dtype=torch.float32)
+        base = float(r.mean()) if self.value is None else self.value
+        adv = r - base
+        mean = float(r.mean())
+        self.value = mean if self.value is None else self.decay * self.value + (1 - self.decay) * mean
+        return adv

@@ -1,0 +1,68 @@
+"""Packs finished episodes into padded training tensors, with the agent-token mask shifted to next-token targets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences. `action_mask` and `old_logprobs` align with next-token targets (B, T-1)."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long
+    action_mask: torch.Tensor  # (B, T-1) float: 1 where token t+1 was written by the agent
+    advantages: torch.Tensor  # (B,) float
+    old_logprobs: torch.Tensor | None = None  # (B, T-1)
+    ref_logprobs: torch.Tensor | None = None  # (B, T-1)
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def action_tokens(self) -> int:
+        return int(self.action_mask.sum().item())
+
+    def slice(self, idx: list[int]) -> TrainBatch:
+        t = int(self.attention_mask[idx].sum(dim=1).max().item())  # trim padding of this slice
+        def cut(x: torch.Tensor | None, width: int) -> torch.Tensor | None:
+            return None if x is None else x[idx, :width]
+        return TrainBatch(
+            input_ids=self.input_ids[idx, :t],
+            attention_mask=self.attention_mask[idx, :t],
+            action_mask=self.action_mask[idx, : t - 1],
+            advantages=self.advantages[idx],
+            old_logprobs=cut(self.old_logprobs, t - 1),
+            ref_logprobs=cut(self.ref_logprobs, t - 1),
+        )
+
+
+def pack(records: Sequence[dict[str, Any]], advantages: Sequence[float] | torch.Tensor, *, pad_id: int) -> TrainBatch:
+    """Episode records (token_ids, action_mask) plus one advantage each -> a TrainBatch."""
+    if not records:
+        raise ValueError("cannot pack an empty list of episodes")
+    width = max(len(r["token_ids"]) for r in records)
+    b = len(records)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    act = torch.zeros((b, width), dtype=torch.float32)
+    for i, r in enumerate(records):
+        n = len(r["token_ids"])
+        ids[i, :n] = torch.tensor(r["token_ids"], dtype=torch.long)
+        attn[i, :n] = 1
+        act[i, :n] = torch.tensor(r["action_mask"], dtype=torch.float32)
+    adv = torch.as_tensor(advantages, dtype=torch.float32).reshape(b)
+    return TrainBatch(input_ids=ids, attention_mask=attn, action_mask=act[:, 1:].contiguous(), advantages=adv)
+
+
+def micro_batches(batch: TrainBatch, size: int) -> Iterator[TrainBatch]:
+    """Slices of at most `size` sequences, grouped by length so little compute goes to padding."""
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    order = sorted(range(batch.size), key=lambda i: lengths[i])
+    for start in range(0, batch.size, size):
+        yield batch.slice(order[start : start + size])

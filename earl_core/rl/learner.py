@@ -1,0 +1,188 @@
+"""The policy learner: PPO-style multi-turn GRPO / REINFORCE steps, the SFT warm start, and checkpoints.
+
+Plain PyTorch on one process. Data parallelism is a `reduce` hook (sum across ranks) that the Ray trainer
+worker fills with torch.distributed; with the default identity it trains alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from earl_core.config import AlgoConfig
+from earl_core.rl.batch import TrainBatch, micro_batches, pack
+from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+class Learner:
+    """Holds the trained policy, its optimiser and (when KL is on) a frozen reference copy."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        algo: AlgoConfig,
+        reference_dir: str | Path | None = None,
+        seed: int = 0,
+        reduce: Reduce = _identity,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.algo = algo
+        self.model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        self.model.train()
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.reference = None
+        if algo.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(reference_dir or model_dir, dtype=torch.float32)
+            self.reference.to(self.device).eval().requires_grad_(False)
+        self._reduce = reduce
+        self.steps = 0
+
+    # ---- forward passes -------------------------------------------------------------------------
+    def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        return token_logprobs(out.logits, mb.input_ids.to(self.device))  # (b, t-1)
+
+    @torch.no_grad()
+    def _fill(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """Log-probs of the whole batch under `model`, computed micro-batch by micro-batch."""
+        out = torch.zeros_like(batch.action_mask)
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        order = sorted(range(batch.size), key=lambda i: lengths[i])
+        for start in range(0, batch.size, self.algo.micro_batch):
+            idx = order[start : start + self.algo.micro_batch]
+            mb = batch.slice(idx)
+            lp = self._logprobs(model, mb).cpu()
+            out[idx, : lp.shape[1]] = lp
+        return out
+
+    # ---- RL -----------------------------------------------------------------------------------------
+    def prepare(self, records: Sequence[dict[str, Any]], advantages: Sequence[float] | torch.Tensor) -> TrainBatch:
+        """Experience preparation: pack, then old (behaviour) and reference log-probs."""
+        batch = pack(records, advantages, pad_id=self.pad_id)
+        was_training = self.model.training
+        self.model.eval()
+        batch.old_logprobs = self._fill(self.model, batch)
+        self.model.train(was_training)
+        if self.reference is not None:
+            batch.ref_logprobs = self._fill(self.reference, batch)
+        return batch
+
+    def rl_step(self, batch: TrainBatch) -> dict[str, float]:
+        """`algo.epochs` optimiser steps over the batch; loss is the mean over agent tokens of all ranks."""
+        assert batch.old_logprobs is not None, "call prepare() first"
+        metrics: dict[str, float] = {}
+        for _ in range(self.algo.epochs):
+            sums = torch.zeros(5, dtype=torch.float64)  # policy, kl, clipped, ratio, tokens
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in micro_batches(batch, self.algo.micro_batch):
+                mask = mb.action_mask.to(self.device)
+                if float(mask.sum()) == 0:
+                    continue
+                logp = self._logprobs(self.model, mb)
+                pg, clipped, ratio = clipped_policy_loss(
+                    logp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device), mask, clip_eps=self.algo.clip_eps
+                )
+                loss = pg
+                kl = torch.zeros((), device=self.device)
+                if self.reference is not None and self.algo.kl_coef > 0:
+                    kl = kl_to_reference(logp, mb.ref_logprobs.to(self.device), mask)
+                    loss = loss + self.algo.kl_coef * kl
+                loss.backward()
+                sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item()], dtype=torch.float64)
+            grad_norm = self._apply_gradients(sums)
+            tokens = max(sums[4].item(), 1.0)
+            metrics = {
+                "losses/policy_loss": sums[0].item() / tokens,
+                "losses/kl": sums[1].item() / tokens,
+                "losses/clip_frac": sums[2].item() / tokens,
+                "losses/ratio_mean": sums[3].item() / tokens,
+                "losses/grad_norm": grad_norm,
+                "perf/train_tokens": tokens,
+            }
+        return metrics
+
+    def _apply_gradients(self, sums: torch.Tensor) -> float:
+        """Average gradients over every agent token of every rank, clip, step. `sums` is reduced in place."""
+        sums.copy_(self._reduce(sums))
+        tokens = max(sums[4].item(), 1.0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads]).cpu()  # one collective for all parameters
+        flat = self._reduce(flat) / tokens
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).to(p.device)
+            offset += n
+        norm = torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm if self.algo.max_grad_norm > 0 else float("inf"))
+        self.optimizer.step()
+        self.steps += 1
+        return float(norm)
+
+    # ---- SFT warm start --------------------------------------------------------------------------
+    def sft_step(self, records: Sequence[dict[str, Any]], *, lr: float | None = None) -> dict[str, float]:
+        """One optimiser step of cross-entropy on the agent tokens of teacher games."""
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        batch = pack(records, torch.zeros(len(records)), pad_id=self.pad_id)
+        sums = torch.zeros(5, dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches(batch, self.algo.micro_batch):
+            mask = mb.action_mask.to(self.device)
+            nll = -(self._logprobs(self.model, mb) * mask).sum()
+            nll.backward()
+            sums[0] += nll.item()
+            sums[4] += mask.sum().item()
+        grad_norm = self._apply_gradients(sums)
+        return {"sft/loss": sums[0].item() / max(sums[4].item(), 1.0), "sft/grad_norm": grad_norm}
+
+    def reset_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.algo.lr
+
+    # ---- weights and checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copy of the weights, in Hugging Face parameter names (what rollout engines load)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        """Hugging Face folder + optimiser state, written to a temp folder and renamed (never half written)."""
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            src = self.model_dir / name
+            if src.exists() and not (tmp / name).exists():
+                shutil.copy2(src, tmp / name)
+        torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, tmp / "trainer_state.pt")
+        (tmp / "earl_state.json").write_text(json.dumps(extra or {}, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def load_optimizer(self, checkpoint: str | Path) -> None:
+        state = torch.load(Path(checkpoint) / "trainer_state.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])

@@ -1,0 +1,75 @@
+"""Config validation: every bad value names its field and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from earl_core.config import RunConfig, apply_overrides, load_config
+from earl_core.config_doc import config_reference
+from earl_core.errors import ConfigError
+
+
+def test_defaults_round_trip() -> None:
+    cfg = RunConfig()
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.games_per_iteration == 64
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "allowed_part"),
+    [
+        ({"rollout": {"temperature": -1}}, "rollout.temperature", "0.0..5.0"),
+        ({"rollout": {"engine": "tgi"}}, "rollout.engine", "vllm"),
+        ({"game": {"opponent": "solver:99"}}, "game.opponent", "solver:D"),
+        ({"algo": {"name": "dpo"}}, "algo.name", "grpo"),
+        ({"rollout": {"groupz": 3}}, "rollout.groupz", "group_size"),
+        ({"iterations": "ten"}, "iterations", "integer"),
+        ({"model": 3}, "model", "preset"),
+        ({"name": "bad name!"}, "name", "letters"),
+        ({"sft": {"teacher": "random"}}, "sft.teacher", "heuristic"),
+        ({"trainer_workers": 8, "rollout": {"groups": 1, "group_size": 4}}, "trainer_workers", "1..4"),
+        ({"version": 7}, "version", "1"),
+    ],
+)
+def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(data)
+    assert info.value.field == field
+    assert allowed_part in str(info.value.allowed)
+    assert field in str(info.value)
+
+
+def test_ints_accepted_for_floats_and_overrides() -> None:
+    data = apply_overrides({"rollout": {"temperature": 1}}, ["algo.lr=0.01", "game.opponent=solver:3"])
+    cfg = RunConfig.from_dict(data)
+    assert cfg.rollout.temperature == 1.0 and cfg.algo.lr == 0.01 and cfg.game.opponent == "solver:3"
+
+
+def test_load_config_errors(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["iterations", "seed", "rollout", "algo", "game", "name", "junk"]),
+                       st.one_of(st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=5), st.none(),
+                                 st.dictionaries(st.text(max_size=8), st.integers(-3, 3), max_size=2)),
+                       max_size=4))
+def test_fuzzed_configs_fail_only_with_config_error(data: dict) -> None:
+    try:
+        RunConfig.from_dict(data)
+    except ConfigError as exc:
+        assert exc.field
+
+
+def test_reference_lists_every_field_with_help() -> None:
+    ref = config_reference()
+    for line in ref.splitlines()[2:]:
+        assert line.rstrip(" |").split("|")[-1].strip(), f"field without help: {line}"
+    assert "`rollout.group_size`" in ref and "`algo.kl_coef`" in ref

@@ -1,0 +1,57 @@
+"""Agent protocol: prompts show what the agent needs, the parser is robust and strict where it must be."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from earl_core.agent import protocol
+from earl_core.env.connect_four import Board
+
+
+def test_system_prompt_names_side_and_format() -> None:
+    assert "as X" in protocol.system_prompt(1) and "You move first" in protocol.system_prompt(1)
+    assert "as O" in protocol.system_prompt(2) and "opponent moves first" in protocol.system_prompt(2)
+    assert "[col N]" in protocol.system_prompt(1)
+
+
+def test_turn_prompt_has_board_and_legal_columns() -> None:
+    board = Board.from_moves("4444441")
+    text = protocol.turn_prompt(board, 0)
+    assert text.startswith("Opponent played [col 0].")
+    assert board.to_text() in text
+    assert text.endswith("Legal columns: 0, 1, 2, 4, 5, 6.")
+
+
+def test_parse_accepts_lenient_forms() -> None:
+    b = Board()
+    for text, col in [("[col 3]", 3), ("I play [COL 5] now", 5), ("[ col:2 ]", 2), ("[column 6]", 6),
+                      ("[col 1] no wait [col 4]", 4), ("  0 ", 0)]:
+        assert protocol.parse_answer(text, b).column == col, text
+
+
+def test_parse_rejects_with_reason() -> None:
+    full = Board.from_moves("111111")
+    assert protocol.parse_answer("[col 0]", full).problem == "column 0 is full."
+    assert "does not exist" in (protocol.parse_answer("[col 9]", Board()).problem or "")
+    assert "does not exist" in (protocol.parse_answer("[col -1]", Board()).problem or "")
+    assert protocol.parse_answer("column three", Board()).problem == "no [col N] found in your answer."
+    assert not protocol.parse_answer("", Board()).ok
+    assert not protocol.parse_answer("12", Board()).ok
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=60))
+def test_parser_fuzz_never_crashes_and_is_consistent(text: str) -> None:
+    board = Board.from_moves("4455")
+    result = protocol.parse_answer(text, board)
+    assert result.ok == (result.problem is None)
+    if result.ok:
+        assert result.column in board.legal_columns()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 6), st.text(alphabet=st.characters(blacklist_characters="[]"), max_size=20),
+       st.text(alphabet=st.characters(blacklist_characters="[]"), max_size=20))
+def test_canonical_answer_survives_surrounding_text(col: int, before: str, after: str) -> None:
+    assert protocol.parse_answer(before + protocol.answer_text(col) + after, Board()).column == col

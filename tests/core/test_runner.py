@@ -1,0 +1,96 @@
+"""Episode runner with scripted policies: turn order, retries, masks, growing context, prefix-stable prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from earl_core.agent import protocol
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.episode import Episode
+from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.agent.teacher import teacher_policy
+from earl_core.engines.base import Generation
+from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
+
+
+@pytest.fixture()
+def encoder(protocol_tokenizer) -> ChatEncoder:  # noqa: ANN001
+    return ChatEncoder(protocol_tokenizer)
+
+
+def _answer(encoder: ChatEncoder, text: str, *, close: bool = True) -> Generation:
+    ids = encoder.tokenizer.encode(text, add_special_tokens=False) + ([encoder.im_end] if close else [])
+    return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop" if close else "length")
+
+
+def test_teacher_games_finish_with_consistent_records(encoder: ChatEncoder) -> None:
+    specs = [GameSpec(index=i, group=0, agent_side=1 + i % 2, opponent=RandomOpponent(), seed=i) for i in range(20)]
+    eps = play_episodes(specs, teacher_policy(HeuristicOpponent(), encoder), encoder, limits=RunnerLimits())
+    assert [e.index for e in eps] == list(range(20))
+    wins = sum(e.result == "win" for e in eps)
+    assert wins >= 16, "heuristic teacher should beat random nearly always"
+    for e in eps:
+        rec = e.record()
+        assert len(rec["token_ids"]) == len(rec["action_mask"]) == len(rec["logprobs"])
+        assert rec["turn_context"] == sorted(set(rec["turn_context"])), "context grows every turn"
+        agent_moves = [m for m in rec["moves"] if m["player"] == "agent"]
+        assert len(agent_moves) == len(rec["turn_context"])
+        # Trained tokens are exactly the answers: "[col N]" + <|im_end|> per agent turn.
+        answer_len = len(encoder.tokenizer.encode("[col 3]", add_special_tokens=False)) + 1
+        assert sum(rec["action_mask"]) == answer_len * len(agent_moves)
+        assert rec["reward"] == {"win": 1.0, "loss": -1.0, "draw": 0.0}[rec["result"]]
+        first_mover = rec["moves"][0]["player"]
+        assert first_mover == ("agent" if e.agent_side == 1 else "opponent")
+
+
+def test_each_prompt_extends_the_previous_one(encoder: ChatEncoder) -> None:
+    prompts: list[list[int]] = []
+
+    def policy(waiting: list[Episode]) -> list[Generation]:
+        prompts.append(list(waiting[0].conversation.token_ids))
+        col = waiting[0].board.legal_columns()[0]
+        return [_answer(encoder, protocol.answer_text(col))]
+
+    play_episodes([GameSpec(0, 0, 1, RandomOpponent(), 3)], policy, encoder, limits=RunnerLimits())
+    assert len(prompts) >= 4
+    for short, long in zip(prompts, prompts[1:]):
+        assert long[: len(short)] == short and len(long) > len(short)
+
+
+def test_invalid_answer_gets_one_retry_then_loses(encoder: ChatEncoder) -> None:
+    seen: list[str] = []
+
+    def policy(waiting: list[Episode]) -> list[Generation]:
+        seen.append(encoder.tokenizer.decode(waiting[0].conversation.token_ids))
+        return [_answer(encoder, "hmm", close=False)]
+
+    limits = RunnerLimits(max_invalid=1, format_penalty=0.1)
+    (ep,) = play_episodes([GameSpec(0, 0, 1, RandomOpponent(), 0)], policy, encoder, limits=limits)
+    assert len(seen) == 2 and "Invalid move: no [col N] found" in seen[1]
+    assert ep.result == "loss" and ep.end_reason.startswith("invalid answer")
+    assert ep.invalid == 2 and ep.reward == pytest.approx(-1.2)
+    # The unfinished answer was closed with <|im_end|> that the agent did not write: not trained on.
+    conv = ep.conversation
+    closing = [i for i, t in enumerate(conv.token_ids) if t == encoder.im_end and conv.action_mask[i] == 0]
+    assert closing, "closing tokens are context, not actions"
+
+
+def test_retry_allowance_is_per_turn(encoder: ChatEncoder) -> None:
+    calls = {"n": 0}
+
+    def policy(waiting: list[Episode]) -> list[Generation]:
+        calls["n"] += 1
+        if calls["n"] % 2 == 1:  # every turn: first answer invalid, then a legal one
+            return [_answer(encoder, "[col 9]")]
+        return [_answer(encoder, protocol.answer_text(waiting[0].board.legal_columns()[0]))]
+
+    (ep,) = play_episodes([GameSpec(0, 0, 1, RandomOpponent(), 1)], policy, encoder, limits=RunnerLimits(max_invalid=1))
+    assert ep.invalid >= 2 and ep.end_reason in ("four in a row", "board full")
+
+
+def test_context_limit_ends_game(encoder: ChatEncoder) -> None:
+    policy = teacher_policy(RandomOpponent(), encoder)
+    (ep,) = play_episodes([GameSpec(0, 0, 1, RandomOpponent(), 0)], policy, encoder,
+                          limits=RunnerLimits(max_context=400, max_new_tokens=16))
+    assert ep.result == "loss" and ep.end_reason == "context limit reached"
+    assert len(ep.conversation) + 16 > 400
