@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from earl_core.config import RunConfig, apply_overrides, load_config
+from earl_core.config import RunConfig, apply_overrides, load_config, opponent_list
 from earl_core.errors import EarlError
 from earl_core.events import EventSink
 
@@ -46,7 +46,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(json.dumps({"status": summary.status, "run_dir": summary.run_dir, "checkpoint": summary.last_checkpoint,
                       "iterations": summary.iterations_done}))
     if cfg.eval_games and summary.last_checkpoint:
-        return _print_eval(summary.last_checkpoint, cfg.game.opponent, cfg.eval_games, cfg.rollout.engine, cfg.seed)
+        for opponent in opponent_list(cfg.game.opponent, "game.opponent"):
+            print(f"evaluation against {opponent}:")
+            _print_eval(summary.last_checkpoint, opponent, cfg.eval_games, cfg.rollout.engine, cfg.seed)
     return 0
 
 

@@ -14,7 +14,15 @@ from earl_core.errors import ConfigError
 
 CONFIG_VERSION = 1
 _OPPONENT_RE = re.compile(r"^(random|heuristic|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
-OPPONENT_ALLOWED = "random, heuristic, solver, solver:D with D in 1..42"
+OPPONENT_ALLOWED = "random, heuristic, solver, solver:D with D in 1..42, or a comma-separated list of these"
+
+
+def opponent_list(value: object, field_name: str) -> list[str]:
+    """Split a comma-separated opponent list, checking every entry."""
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else []
+    if not names or not all(_OPPONENT_RE.match(n) for n in names):
+        raise ConfigError(field_name, f"unknown opponent {value!r}", allowed=OPPONENT_ALLOWED)
+    return names
 
 
 def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
@@ -60,7 +68,8 @@ class GameConfig:
     """Connect Four episodes: who the agent plays and how strict the protocol is."""
 
     opponent: str = "random"
-    """Opponent policy: random, heuristic, solver or solver:D (depth-limited)."""
+    """Opponent policy: random, heuristic, solver or solver:D (depth-limited); a comma-separated list
+    (e.g. "random,heuristic") assigns them to game groups in turn."""
     agent_side: str = "both"
     """Which side the agent plays: first, second, or both (half the games each)."""
     max_invalid: int = 1
@@ -69,8 +78,7 @@ class GameConfig:
     """Reward subtracted per invalid answer (on top of win +1 / loss -1 / draw 0)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.opponent, str) or not _OPPONENT_RE.match(self.opponent):
-            raise ConfigError("game.opponent", f"unknown opponent {self.opponent!r}", allowed=OPPONENT_ALLOWED)
+        opponent_list(self.opponent, "game.opponent")
         _check_choice("game.agent_side", self.agent_side, ("first", "second", "both"))
         _check_range("game.max_invalid", self.max_invalid, 0, 10)
         _check_range("game.format_penalty", self.format_penalty, 0.0, 1.0)
@@ -104,7 +112,7 @@ class RolloutConfig:
         _check_range("rollout.workers", self.workers, 1, 256)
         _check_range("rollout.groups", self.groups, 1, 4096)
         _check_range("rollout.group_size", self.group_size, 1, 256)
-        _check_range("rollout.temperature", self.temperature, 0.0, 5.0)
+        _check_range("rollout.temperature", self.temperature, 0.0, 2.0)
         _check_range("rollout.top_p", self.top_p, 0.01, 1.0)
         _check_range("rollout.max_new_tokens", self.max_new_tokens, 1, 4096)
         _check_range("rollout.max_context", self.max_context, 256, 131072)
@@ -155,6 +163,9 @@ class SFTConfig:
     """Run the warm start before RL."""
     teacher: str = "heuristic"
     """Teacher policy whose moves are imitated: heuristic, solver or solver:D."""
+    opponents: str = "random,heuristic"
+    """Who the teacher plays in the warm-start games (comma-separated list, used in turn), so the
+    imitated positions cover both weak and sensible opposition."""
     games: int = 2000
     """Teacher games to imitate."""
     epochs: int = 2
@@ -169,6 +180,7 @@ class SFTConfig:
             raise ConfigError("sft.enabled", f"must be true or false, got {self.enabled!r}", allowed="true, false")
         if not isinstance(self.teacher, str) or not _OPPONENT_RE.match(self.teacher) or self.teacher == "random":
             raise ConfigError("sft.teacher", f"unknown teacher {self.teacher!r}", allowed="heuristic, solver, solver:D with D in 1..42")
+        opponent_list(self.opponents, "sft.opponents")
         _check_range("sft.games", self.games, 1, 10_000_000)
         _check_range("sft.epochs", self.epochs, 1, 1000)
         _check_range("sft.lr", self.lr, 1e-8, 1.0)
@@ -187,6 +199,9 @@ class RunConfig:
     """RL iterations (rollout -> experience -> train -> weight sync)."""
     trainer_workers: int = 1
     """Data-parallel trainer workers (Ray actors, gradients all-reduced with gloo/NCCL)."""
+    trainer_cpus: int = 1
+    """CPU threads per trainer worker (Ray CPUs it reserves; rollout and training alternate, so on one
+    machine the trainer may use the cores the rollout workers leave idle)."""
     checkpoint_every: int = 10
     """Save a checkpoint every N iterations (and always at the end)."""
     eval_games: int = 0
@@ -205,6 +220,7 @@ class RunConfig:
         _check_range("seed", self.seed, 0, 2**31 - 1)
         _check_range("iterations", self.iterations, 0, 1_000_000)
         _check_range("trainer_workers", self.trainer_workers, 1, 1024)
+        _check_range("trainer_cpus", self.trainer_cpus, 1, 256)
         _check_range("checkpoint_every", self.checkpoint_every, 1, 1_000_000)
         _check_range("eval_games", self.eval_games, 0, 1_000_000)
         if self.games_per_iteration < self.trainer_workers:

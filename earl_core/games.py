@@ -6,13 +6,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from earl_core.config import RunConfig
+from earl_core.config import RunConfig, opponent_list
 
 
 def iteration_specs(cfg: RunConfig, iteration: int) -> list[dict[str, Any]]:
     """Game specs of one iteration. Games of a group share the agent's side and the opponent's seed,
     so GRPO compares answers to the same situations; groups alternate sides when agent_side is both."""
     specs = []
+    opponents = opponent_list(cfg.game.opponent, "game.opponent")
     for g in range(cfg.rollout.groups):
         side = {"first": 1, "second": 2}.get(cfg.game.agent_side, 1 + g % 2)
         group_seed = hash((cfg.seed, iteration, g)) & 0x7FFFFFFF
@@ -21,7 +22,7 @@ def iteration_specs(cfg: RunConfig, iteration: int) -> list[dict[str, Any]]:
                 "index": g * cfg.rollout.group_size + k,
                 "group": g,
                 "agent_side": side,
-                "opponent": cfg.game.opponent,
+                "opponent": opponents[g % len(opponents)],
                 "seed": group_seed,
             })
     return specs

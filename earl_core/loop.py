@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 import yaml
 from transformers import AutoTokenizer
 
@@ -19,7 +20,7 @@ from earl_core import events as ev
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
-from earl_core.config import RunConfig
+from earl_core.config import RunConfig, opponent_list
 from earl_core.env.opponents import make_opponent
 from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
@@ -101,25 +102,30 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         stream.emit(ev.Log("info", f"resuming from {checkpoint} at iteration {start_iter}"))
     engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context, "seed": cfg.seed} \
         if cfg.rollout.engine == "vllm" else {}
-    needed_cpus = cfg.rollout.workers + cfg.trainer_workers
+    needed_cpus = cfg.rollout.workers + cfg.trainer_workers * cfg.trainer_cpus
     metrics_path = run_dir / "metrics.jsonl"
     last_ckpt: str | None = str(checkpoint) if checkpoint else None
     values: dict[str, float] = {}
     with ray_cluster(ray_address, num_cpus=needed_cpus) as where:
-        stream.emit(ev.Log("info", f"using {where}"))
+        # One GPU per worker where the cluster has GPUs (Ray hides GPUs from actors that reserve none).
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        stream.emit(ev.Log("info", f"using {where}" + (" with GPUs" if gpus else "")))
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
-                               seed=cfg.seed)
+                               seed=cfg.seed, num_cpus=cfg.trainer_cpus, num_gpus=gpus)
         if checkpoint is not None:
             trainer.load_optimizer(str(checkpoint))
         if cfg.sft.enabled and checkpoint is None:
             _warm_start(cfg, trainer, base, stream)
-        rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts)
+            # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
+            # what --resume restarts from without repeating the warm start.
+            last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
+        rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts,
+                               num_gpus=gpus)
         try:
             if cfg.sft.enabled and checkpoint is None:
                 rollout.load_weights(trainer.weights())
             stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
             baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
-            it = start_iter
             for it in range(start_iter, cfg.iterations):
                 if should_stop():
                     last_ckpt = _checkpoint(cfg, trainer, it, baseline)
@@ -128,8 +134,11 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
                 values = _iteration(cfg, it, rollout, trainer, baseline, stream)
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps({"iteration": it, **values}) + "\n")
-                if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
+                if (it + 1) % cfg.checkpoint_every == 0:
                     last_ckpt = _checkpoint(cfg, trainer, it + 1, baseline)
+            final = cfg.run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
+            if last_ckpt != str(final):  # always end on a checkpoint (also after a warm start alone)
+                last_ckpt = _checkpoint(cfg, trainer, cfg.iterations, baseline)
         finally:
             rollout.close()
             trainer.close()
@@ -190,22 +199,24 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     """Imitate a teacher's moves (SFT on whole conversations) before RL."""
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
     teacher = make_opponent(cfg.sft.teacher)
-    specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent("random"), seed=cfg.seed * 7919 + i)
+    opponents = opponent_list(cfg.sft.opponents, "sft.opponents")
+    specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % len(opponents)]),
+                      seed=cfg.seed * 7919 + i)
              for i in range(cfg.sft.games)]
     episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed), encoder,
                              limits=RunnerLimits(max_context=cfg.rollout.max_context))
     records = [e.record() for e in episodes]
-    stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games, {cfg.sft.epochs} epochs"))
-    step = 0
+    stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}, "
+                                f"{cfg.sft.epochs} epochs"))
     for epoch in range(cfg.sft.epochs):
         order = list(range(len(records)))
         random.Random(cfg.seed + epoch).shuffle(order)
+        losses = []
         for start in range(0, len(order), cfg.sft.batch):
             chunk = [records[i] for i in order[start : start + cfg.sft.batch]]
-            if len(chunk) < cfg.trainer_workers:
+            if len(chunk) < cfg.trainer_workers:  # every rank needs at least one game
                 continue
-            m = trainer.sft_step(chunk, cfg.sft.lr)
-            step += 1
-            if step % 10 == 0:
-                stream.emit(ev.Metrics(iteration=0, values={**m, "sft/epoch": float(epoch), "sft/step": float(step)}))
+            losses.append(trainer.sft_step(chunk, cfg.sft.lr)["sft/loss"])
+        stream.emit(ev.Metrics(iteration=0, values={"sft/loss": sum(losses) / max(len(losses), 1),
+                                                    "sft/epoch": float(epoch + 1), "sft/steps": float(len(losses))}))
     trainer.reset_lr()

@@ -95,6 +95,9 @@ class TrainerWorker:
 
     def setup(self, model_dir: str, *, algo: dict[str, Any], reference_dir: str | None, seed: int,
               master: tuple[str, int] | None) -> str:
+        # Ray caps actor threads at 1 by default; use the CPUs this actor reserved.
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        torch.set_num_threads(max(1, int(cpus)))
         if self.world_size > 1:
             assert master is not None
             backend = "nccl" if torch.cuda.is_available() else "gloo"

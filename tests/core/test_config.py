@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from earl_core.config import RunConfig, apply_overrides, load_config
+from earl_core.games import iteration_specs
 from earl_core.config_doc import config_reference
 from earl_core.errors import ConfigError
 
@@ -20,9 +21,11 @@ def test_defaults_round_trip() -> None:
 @pytest.mark.parametrize(
     ("data", "field", "allowed_part"),
     [
-        ({"rollout": {"temperature": -1}}, "rollout.temperature", "0.0..5.0"),
+        ({"rollout": {"temperature": -1}}, "rollout.temperature", "0.0..2.0"),
         ({"rollout": {"engine": "tgi"}}, "rollout.engine", "vllm"),
         ({"game": {"opponent": "solver:99"}}, "game.opponent", "solver:D"),
+        ({"game": {"opponent": "random,,heuristic"}}, "game.opponent", "comma-separated"),
+        ({"sft": {"opponents": "random,chess"}}, "sft.opponents", "heuristic"),
         ({"algo": {"name": "dpo"}}, "algo.name", "grpo"),
         ({"rollout": {"groupz": 3}}, "rollout.groupz", "group_size"),
         ({"iterations": "ten"}, "iterations", "integer"),
@@ -73,3 +76,11 @@ def test_reference_lists_every_field_with_help() -> None:
     for line in ref.splitlines()[2:]:
         assert line.rstrip(" |").split("|")[-1].strip(), f"field without help: {line}"
     assert "`rollout.group_size`" in ref and "`algo.kl_coef`" in ref
+
+
+def test_opponent_lists_rotate_over_groups() -> None:
+    cfg = RunConfig.from_dict({"game": {"opponent": "random, heuristic"}, "rollout": {"groups": 4, "group_size": 2}})
+    specs = iteration_specs(cfg, 0)
+    assert [s["opponent"] for s in specs] == ["random"] * 2 + ["heuristic"] * 2 + ["random"] * 2 + ["heuristic"] * 2
+    assert [s["agent_side"] for s in specs[::2]] == [1, 2, 1, 2]
+    assert len({s["seed"] for s in specs}) == 4 and specs[0]["seed"] == specs[1]["seed"]

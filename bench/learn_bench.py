@@ -1,0 +1,110 @@
+"""learn_bench: does a fresh tiny model learn Connect Four on this machine within the time budget?
+
+Trains with the real pipeline (local Ray, vLLM rollout workers, trainer workers): an SFT warm start, then RL.
+Then evaluates, greedily, the warm-started checkpoint and the final one: against random as first and second player,
+and against the heuristic. Every intermediate checkpoint is evaluated against the heuristic for the curve.
+Prints a table and writes JSON.
+
+    .venv/bin/python bench/learn_bench.py [--config bench/configs/learn.yaml] [--random-games 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from earl_core.config import load_config
+from earl_core.evaluate import evaluate_checkpoint
+from earl_core.loop import train
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _eval(ckpt: str, opponent: str, games: int, seed: int) -> dict[str, Any]:
+    t = time.perf_counter()
+    res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed)
+    return {**{k: v.as_dict() for k, v in res.items()}, "seconds": time.perf_counter() - t}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "learn.yaml"))
+    p.add_argument("--set", action="append", default=[], help="config override key=value")
+    p.add_argument("--output-dir", default="/tmp/earl-learn-bench")
+    p.add_argument("--random-games", type=int, default=1000, help="games per side against random")
+    p.add_argument("--heuristic-games", type=int, default=500, help="games per side against the heuristic")
+    p.add_argument("--curve-games", type=int, default=200, help="games per side for intermediate checkpoints")
+    p.add_argument("--budget-min", type=float, default=20.0, help="training wall-time budget (minutes)")
+    p.add_argument("--out", default=str(ROOT / "results" / "learn_bench.json"))
+    args = p.parse_args(argv)
+
+    cfg = load_config(args.config, [*args.set, f"output_dir={args.output_dir}"])
+    metrics: list[dict[str, Any]] = []
+
+    def sink(envelope: dict[str, Any]) -> None:
+        if envelope["type"] == "metrics":
+            metrics.append(envelope["data"])
+        elif envelope["type"] in ("log", "run.status"):
+            print(f"[{envelope['type']}] {envelope['data']}", flush=True)
+
+    t0 = time.perf_counter()
+    summary = train(cfg, sink)
+    train_s = time.perf_counter() - t0
+    ckpts = sorted(str(c) for c in (cfg.run_dir / "checkpoints").glob("iter_*") if not c.name.endswith(".tmp"))
+    start_ckpt, final_ckpt = ckpts[0], ckpts[-1]
+
+    results: dict[str, Any] = {"config": cfg.to_dict(), "train_seconds": train_s, "checkpoints": ckpts}
+    results["start"] = {"checkpoint": start_ckpt,
+                        "vs_random": _eval(start_ckpt, "random", args.random_games, 1),
+                        "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2)}
+    results["final"] = {"checkpoint": final_ckpt,
+                        "vs_random": _eval(final_ckpt, "random", args.random_games, 1),
+                        "vs_heuristic": _eval(final_ckpt, "heuristic", args.heuristic_games, 2)}
+    results["curve"] = [{"checkpoint": c, "vs_heuristic": _eval(c, "heuristic", args.curve_games, 3)} for c in ckpts[1:-1]]
+    results["training_metrics"] = metrics
+
+    def both(r: dict[str, Any]) -> float:
+        return (r["first"]["wins"] + r["second"]["wins"]) / (r["first"]["games"] + r["second"]["games"])
+
+    start_h, final_h = both(results["start"]["vs_heuristic"]), both(results["final"]["vs_heuristic"])
+    targets = {
+        "train_within_budget": train_s <= args.budget_min * 60,
+        "vs_random_first_ge_0.95": results["final"]["vs_random"]["first"]["win_rate"] >= 0.95,
+        "vs_random_second_ge_0.90": results["final"]["vs_random"]["second"]["win_rate"] >= 0.90,
+        "rl_lift_vs_heuristic_ge_20pts_or_ge_0.90": (final_h - start_h) >= 0.20 or final_h >= 0.90,
+    }
+    results["vs_heuristic_start"] = start_h
+    results["vs_heuristic_final"] = final_h
+    results["targets"] = targets
+
+    print(f"\ntraining wall time: {train_s / 60:.1f} min (budget {args.budget_min:.0f} min), status {summary.status}")
+    print(f"{'checkpoint':<28}{'opponent':<11}{'first':>8}{'second':>8}   (win rates, greedy)")
+    for label in ("start", "final"):
+        for opp in ("vs_random", "vs_heuristic"):
+            r = results[label][opp]
+            print(f"{Path(results[label]['checkpoint']).name + ' (' + label + ')':<28}{opp[3:]:<11}"
+                  f"{r['first']['win_rate']:>8.3f}{r['second']['win_rate']:>8.3f}")
+    for point in results["curve"]:
+        r = point["vs_heuristic"]
+        print(f"{Path(point['checkpoint']).name:<28}{'heuristic':<11}{r['first']['win_rate']:>8.3f}{r['second']['win_rate']:>8.3f}")
+    print("\nRL iterations (training opponent, sampled play):")
+    for m in metrics:
+        v = m["values"]
+        if "rollout/win_rate" in v:
+            print(f"  iter {m['iteration']:3d}  win {v['rollout/win_rate']:.3f}  reward {v['rollout/reward_mean']:+.3f}"
+                  f"  invalid {v['rollout/invalid_rate']:.3f}  ctx mean {v.get('context/mean', 0):.0f}"
+                  f"  iter_s {v['perf/iteration_s']:.1f}")
+    print("\ntargets:", json.dumps(targets, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Data-parallel trainer ranks on Ray (gloo all-reduce) take the same step as one learner on the whole batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.agent.teacher import teacher_policy
+from earl_core.config import AlgoConfig
+from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
+from earl_core.ray_exec.cluster import ray_cluster
+from earl_core.ray_exec.groups import TrainerGroup
+from earl_core.rl.learner import Learner
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
+    enc = ChatEncoder(protocol_tokenizer)
+    specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 100 + i) for i in range(6)]
+    records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
+                                                 limits=RunnerLimits())]
+    advantages = [1.0, -0.5, 0.25, -1.0, 0.75, -0.25]
+    algo = AlgoConfig(lr=1e-3, micro_batch=2, epochs=2)
+
+    single = Learner(protocol_model, algo=algo, seed=0)
+    single.rl_step(single.prepare(records, advantages))
+    expected = single.state_dict()
+
+    with ray_cluster(num_cpus=3):
+        group = TrainerGroup(str(protocol_model), workers=2, algo=algo.__dict__, reference_dir=None, seed=0)
+        try:
+            group.rl_step(records, advantages)
+            got = ray.get(group.weights()[0])
+        finally:
+            group.close()
+    base = Learner(protocol_model, algo=algo).state_dict()
+    assert any(not torch.equal(base[k], expected[k]) for k in base), "the step changed the weights"
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,105 @@
+"""Tiny-budget end-to-end runs on a real local Ray with vLLM rollout workers and data-parallel trainers.
+
+One Ray instance serves every test of the module (Ray start costs seconds on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from earl_core import events as ev
+from earl_core.config import RunConfig
+from earl_core.loop import train
+from earl_core.ray_exec.cluster import ray_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_session():  # noqa: ANN201 - yields the cluster description
+    with ray_cluster(num_cpus=3) as where:
+        yield where
+
+
+def _config(tmp_path: Path, **changes: object) -> RunConfig:
+    data = {
+        "name": "e2e",
+        "output_dir": str(tmp_path),
+        "iterations": 2,
+        "checkpoint_every": 1,
+        "trainer_workers": 2,
+        "rollout": {"groups": 2, "group_size": 2, "max_new_tokens": 6},
+        "algo": {"lr": 1e-3, "micro_batch": 4},
+        "sft": {"enabled": True, "games": 8, "epochs": 1, "batch": 8},
+    }
+    data.update(changes)
+    return RunConfig.from_dict(data)
+
+
+def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    got: list[dict] = []
+    summary = train(cfg, got.append, run_id=1)
+    assert summary.status == "succeeded" and summary.iterations_done == 2
+
+    # Events: numbered 1..N without gaps, schema-valid, the status story in order.
+    assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+    validator = jsonschema.Draft202012Validator(ev.load_schema())
+    for e in got:
+        validator.validate(e)
+    statuses = [e["data"]["status"] for e in got if e["type"] == "run.status"]
+    assert statuses == ["starting", "running", "succeeded"]
+    it_metrics = [e["data"] for e in got if e["type"] == "metrics" and "rollout/win_rate" in e["data"]["values"]]
+    assert [m["iteration"] for m in it_metrics] == [0, 1]
+    for m in it_metrics:
+        v = m["values"]
+        assert v["perf/generated_tokens"] > 0 and v["context/max"] >= v["context/mean"] > 0
+        assert v["perf/train_tokens"] > 0
+    sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
+    assert len(sft) == cfg.sft.epochs and sft[0]["sft/loss"] > 0
+    memory = [e for e in got if e["type"] == "memory"]
+    assert {w["worker"] for w in memory[0]["data"]["workers"]} == {"rollout-0", "trainer-0", "trainer-1"}
+    assert any(e["type"] == "game.end" for e in got) and any(e["type"] == "game.move" for e in got)
+
+    # Files: the same events on disk, one metrics line per iteration, HF checkpoints whose weights moved.
+    run_dir = Path(summary.run_dir)
+    on_disk = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert on_disk == got
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    base = load_file(run_dir / "base_model" / "model.safetensors")
+    final = load_file(Path(summary.last_checkpoint) / "model.safetensors")
+    assert any(not torch.equal(base[k], final[k]) for k in base)
+
+
+def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, iterations=1, trainer_workers=1, sft={"enabled": False})
+    train(cfg)
+    more = cfg.replace(iterations=2)
+    got: list[dict] = []
+    summary = train(more, got.append, resume=True)
+    assert summary.iterations_done == 2
+    assert any(e["type"] == "log" and "resuming from" in e["data"]["message"] for e in got)
+    its = [e["data"]["iteration"] for e in got if e["type"] == "metrics"]
+    assert its == [1]
+    assert summary.last_checkpoint and summary.last_checkpoint.endswith("iter_000002")
+
+
+def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, iterations=5, trainer_workers=1, sft={"enabled": False})
+    calls = {"n": 0}
+
+    def stop_after_one() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 1
+
+    got: list[dict] = []
+    summary = train(cfg, got.append, should_stop=stop_after_one)
+    assert summary.status == "cancelled" and summary.iterations_done == 1
+    assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "cancelled"
+    assert summary.last_checkpoint and Path(summary.last_checkpoint, "model.safetensors").exists()

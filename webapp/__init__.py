@@ -1,0 +1,1 @@
+"""webapp (built in the web-service issue)."""

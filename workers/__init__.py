@@ -1,0 +1,1 @@
+"""workers (built in the web-service issue)."""
