@@ -10,8 +10,8 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
-from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, play_episodes
-from earl_core.engines.base import RolloutEngine, SamplingSpec, make_engine
+from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, engine_policy, play_episodes
+from earl_core.engines.base import SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 
 
@@ -44,11 +44,6 @@ class SideResult:
     def as_dict(self) -> dict[str, Any]:
         lo, hi = wilson_interval(self.wins, self.games)
         return {**asdict(self), "win_rate": self.win_rate, "win_rate_ci95": [lo, hi]}
-
-
-def engine_policy(engine: RolloutEngine, spec: SamplingSpec) -> Policy:
-    """A policy that asks the engine to continue each waiting conversation."""
-    return lambda episodes: engine.generate([ep.conversation.token_ids for ep in episodes], spec)
 
 
 def evaluate_policy(policy: Policy, encoder: ChatEncoder, *, opponent: str, games: int, seed: int = 0,

@@ -10,19 +10,22 @@ from earl_core.config import RunConfig, opponent_list
 
 
 def iteration_specs(cfg: RunConfig, iteration: int) -> list[dict[str, Any]]:
-    """Game specs of one iteration. Games of a group share the agent's side and the opponent's seed,
-    so GRPO compares answers to the same situations; groups alternate sides when agent_side is both."""
+    """Game specs of one iteration. Games of a group share the agent's side, the opponent and its seed,
+    so GRPO compares answers to the same situations; groups cycle through sides and opponents."""
     specs = []
     opponents = opponent_list(cfg.game.opponent, "game.opponent")
+    both_sides = cfg.game.agent_side == "both"
     for g in range(cfg.rollout.groups):
         side = {"first": 1, "second": 2}.get(cfg.game.agent_side, 1 + g % 2)
+        # Sides alternate fastest, then opponents, so every (side, opponent) pair gets groups.
+        opponent = opponents[(g // 2 if both_sides else g) % len(opponents)]
         group_seed = hash((cfg.seed, iteration, g)) & 0x7FFFFFFF
         for k in range(cfg.rollout.group_size):
             specs.append({
                 "index": g * cfg.rollout.group_size + k,
                 "group": g,
                 "agent_side": side,
-                "opponent": opponents[g % len(opponents)],
+                "opponent": opponent,
                 "seed": group_seed,
             })
     return specs

@@ -6,8 +6,8 @@ from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
-from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.engines.base import SamplingSpec, make_engine
+from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_episodes
+from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.connect_four import Board
 
 
@@ -30,8 +30,10 @@ def play_in_terminal(checkpoint: str, *, human_side: int, engine: str, seed: int
     eng = make_engine(engine, checkpoint)
     spec = SamplingSpec(max_new_tokens=16, temperature=0.0, stop_token_ids=(encoder.im_end,), seed=seed)
 
-    def policy(episodes: list[Episode]) -> list:
-        gens = eng.generate([ep.conversation.token_ids for ep in episodes], spec)
+    generate = engine_policy(eng, spec)
+
+    def policy(episodes: list[Episode]) -> list[Generation]:
+        gens = generate(episodes)
         for g in gens:
             print("agent:", encoder.decode_answer(list(g.token_ids)))
         return gens

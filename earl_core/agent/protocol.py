@@ -37,7 +37,9 @@ def _legal_text(board: Board) -> str:
 
 def turn_prompt(board: Board, opponent_column: int | None) -> str:
     """The user message opening an agent turn: the opponent's move, the board, the legal columns."""
-    head = "Your move." if opponent_column is None else f"Opponent played [col {opponent_column}]."
+    # The opponent's move is phrased unlike an answer ("column N", not "[col N]") so that copying it is not
+    # the easiest thing for a small model to learn.
+    head = "Your move." if opponent_column is None else f"Opponent dropped a stone in column {opponent_column}."
     return f"{head}\n{board.to_text()}\n{_legal_text(board)}"
 
 

@@ -9,11 +9,16 @@ from dataclasses import dataclass
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode, MoveRecord
-from earl_core.engines.base import Generation
+from earl_core.engines.base import Generation, RolloutEngine, SamplingSpec
 from earl_core.env.opponents import Opponent
 
 # The policy sees the live episodes that wait for an agent answer and returns one generation each.
 Policy = Callable[[list[Episode]], list[Generation]]
+
+
+def engine_policy(engine: RolloutEngine, spec: SamplingSpec) -> Policy:
+    """A policy that asks a rollout engine to continue every waiting conversation, as one batch."""
+    return lambda episodes: engine.generate([ep.conversation.token_ids for ep in episodes], spec)
 
 
 @dataclass(frozen=True)

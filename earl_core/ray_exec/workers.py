@@ -13,9 +13,10 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
-from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
+from earl_core.agent.episode import Episode
+from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_episodes
 from earl_core.config import AlgoConfig
-from earl_core.engines.base import SamplingSpec, make_engine
+from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 from earl_core.ray_exec.memory import memory_reading
 from earl_core.rl.learner import Learner
@@ -37,12 +38,13 @@ class RolloutWorker:
     def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
         """Play the given games; returns finished episode records and rollout statistics."""
         spec = SamplingSpec(**{**sampling, "stop_token_ids": (self.encoder.im_end,)})
+        generate = engine_policy(self.engine, spec)
         generated = 0
         calls = 0
 
-        def policy(episodes: list) -> list:
+        def policy(episodes: list[Episode]) -> list[Generation]:
             nonlocal generated, calls
-            gens = self.engine.generate([ep.conversation.token_ids for ep in episodes], spec)
+            gens = generate(episodes)
             generated += sum(len(g.token_ids) for g in gens)
             calls += 1
             return gens

