@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from earl_core.config import load_config
-from earl_core.evaluate import evaluate_checkpoint
+from earl_core.agent.runner import RunnerLimits
+from earl_core.evaluate import evaluate_checkpoint, run_limits
 from earl_core.loop import train
 
 ROOT = Path(__file__).resolve().parent
 
 
-def _eval(ckpt: str, opponent: str, games: int, seed: int) -> dict[str, Any]:
+def _eval(ckpt: str, opponent: str, games: int, seed: int, limits: RunnerLimits) -> dict[str, Any]:
     t = time.perf_counter()
-    res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed)
+    res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed, limits=limits)
     return {**{k: v.as_dict() for k, v in res.items()}, "seconds": time.perf_counter() - t}
 
 
@@ -56,15 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     train_s = time.perf_counter() - t0
     ckpts = sorted(str(c) for c in (cfg.run_dir / "checkpoints").glob("iter_*") if not c.name.endswith(".tmp"))
     start_ckpt, final_ckpt = ckpts[0], ckpts[-1]
+    limits = run_limits(cfg)
 
     results: dict[str, Any] = {"config": cfg.to_dict(), "train_seconds": train_s, "checkpoints": ckpts}
     results["start"] = {"checkpoint": start_ckpt,
-                        "vs_random": _eval(start_ckpt, "random", args.random_games, 1),
-                        "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2)}
+                        "vs_random": _eval(start_ckpt, "random", args.random_games, 1, limits),
+                        "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2, limits)}
     results["final"] = {"checkpoint": final_ckpt,
-                        "vs_random": _eval(final_ckpt, "random", args.random_games, 1),
-                        "vs_heuristic": _eval(final_ckpt, "heuristic", args.heuristic_games, 2)}
-    results["curve"] = [{"checkpoint": c, "vs_heuristic": _eval(c, "heuristic", args.curve_games, 3)} for c in ckpts[1:-1]]
+                        "vs_random": _eval(final_ckpt, "random", args.random_games, 1, limits),
+                        "vs_heuristic": _eval(final_ckpt, "heuristic", args.heuristic_games, 2, limits)}
+    results["curve"] = [{"checkpoint": c, "vs_heuristic": _eval(c, "heuristic", args.curve_games, 3, limits)} for c in ckpts[1:-1]]
     results["training_metrics"] = metrics
 
     def both(r: dict[str, Any]) -> float:

@@ -46,16 +46,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(json.dumps({"status": summary.status, "run_dir": summary.run_dir, "checkpoint": summary.last_checkpoint,
                       "iterations": summary.iterations_done}))
     if cfg.eval_games and summary.last_checkpoint:
+        from earl_core.evaluate import run_limits
+
         for opponent in opponent_list(cfg.game.opponent, "game.opponent"):
             print(f"evaluation against {opponent}:")
-            _print_eval(summary.last_checkpoint, opponent, cfg.eval_games, cfg.rollout.engine, cfg.seed)
+            _print_eval(summary.last_checkpoint, opponent, cfg.eval_games, cfg.rollout.engine, cfg.seed,
+                        limits=run_limits(cfg))
     return 0
 
 
-def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: int) -> int:
+def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: int, *, limits: Any = None) -> int:
     from earl_core.evaluate import evaluate_checkpoint
 
-    results = evaluate_checkpoint(checkpoint, opponent=opponent, games=games, engine=engine, seed=seed)
+    results = evaluate_checkpoint(checkpoint, opponent=opponent, games=games, engine=engine, seed=seed, limits=limits)
     for side in results.values():
         d = side.as_dict()
         lo, hi = d["win_rate_ci95"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 from earl_core.errors import ConfigError
 
 CONFIG_VERSION = 1
+MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
 _OPPONENT_RE = re.compile(r"^(random|heuristic|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
 OPPONENT_ALLOWED = "random, heuristic, solver, solver:D with D in 1..42, or a comma-separated list of these"
 
@@ -28,7 +30,8 @@ def opponent_list(value: object, field_name: str) -> list[str]:
 def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(name, f"must be a number, got {value!r}", allowed=_range_text(lo, hi))
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
+    # NaN compares False with everything, so it must be refused explicitly.
+    if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(name, f"{value!r} is out of range", allowed=_range_text(lo, hi))
 
 
@@ -113,10 +116,15 @@ class RolloutConfig:
         _check_range("rollout.groups", self.groups, 1, 4096)
         _check_range("rollout.group_size", self.group_size, 1, 256)
         _check_range("rollout.temperature", self.temperature, 0.0, 2.0)
+        if 0 < self.temperature < 0.01:
+            raise ConfigError("rollout.temperature", f"{self.temperature!r} is out of range", allowed="0 (greedy) or 0.01..2.0")
         _check_range("rollout.top_p", self.top_p, 0.01, 1.0)
         _check_range("rollout.max_new_tokens", self.max_new_tokens, 1, 4096)
         _check_range("rollout.max_context", self.max_context, 256, 131072)
         _check_range("rollout.kv_cache_gib", self.kv_cache_gib, 0.05, 1024)
+        if self.max_new_tokens * 4 > self.max_context:
+            raise ConfigError("rollout.max_new_tokens", f"{self.max_new_tokens} leaves no room for a game in "
+                              f"rollout.max_context={self.max_context}", allowed=f"1..{self.max_context // 4}")
 
 
 @dataclass(frozen=True)
@@ -228,6 +236,15 @@ class RunConfig:
                               "per iteration", allowed=f"1..{self.games_per_iteration} (rollout.groups x rollout.group_size)")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ConfigError("output_dir", "must be a non-empty path", allowed="a folder path")
+        if self.sft.enabled and self.sft.batch < self.trainer_workers:
+            raise ConfigError("sft.batch", f"{self.sft.batch} games per step cannot feed {self.trainer_workers} trainer "
+                              "ranks", allowed=f"{self.trainer_workers}..4096")
+        if self.algo.name == "grpo" and self.rollout.temperature == 0 and self.rollout.group_size > 1:
+            raise ConfigError("rollout.temperature", "0 (greedy) makes every game of a GRPO group identical, so no "
+                              "advantage is ever non-zero", allowed="0.01..2.0 with algo.name=grpo")
+        if self.model.path is None and self.rollout.max_context > MAX_POSITIONS:
+            raise ConfigError("rollout.max_context", f"{self.rollout.max_context} exceeds the built-in presets' "
+                              f"{MAX_POSITIONS} positions", allowed=f"256..{MAX_POSITIONS}")
 
     @property
     def games_per_iteration(self) -> int:
@@ -300,8 +317,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         data = yaml.safe_load(p.read_text()) or {}
     except FileNotFoundError as exc:
         raise ConfigError("config", f"file not found: {p}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("config", f"cannot read {p}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError("config", f"{p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{p} must hold a mapping, got {type(data).__name__}", allowed="a YAML mapping")
     return RunConfig.from_dict(apply_overrides(data, overrides or []))
 
 
@@ -318,7 +339,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(key, "is not a section", allowed="dotted path of a config field")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(key.strip(), f"value {raw!r} is not valid YAML", allowed="a YAML scalar") from exc
     return out
 
 

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, engine_policy, play_episodes
+from earl_core.config import RunConfig
 from earl_core.engines.base import SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 
@@ -63,14 +64,22 @@ def evaluate_policy(policy: Policy, encoder: ChatEncoder, *, opponent: str, game
 
 
 def evaluate_checkpoint(model_dir: str, *, opponent: str, games: int, engine: str = "vllm", seed: int = 0,
-                        max_new_tokens: int = 16, engine_opts: dict[str, Any] | None = None) -> dict[str, SideResult]:
-    """Greedy play of a saved model (local folder or hub id) through a rollout engine."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoder = ChatEncoder(tokenizer)
+                        limits: RunnerLimits | None = None,
+                        engine_opts: dict[str, Any] | None = None) -> dict[str, SideResult]:
+    """Greedy play of a saved model (local folder or hub id) through a rollout engine, under the run's limits."""
+    limits = limits or RunnerLimits()
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(model_dir))
     eng = make_engine(engine, model_dir, **(engine_opts or {}))
     try:
-        spec = SamplingSpec(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=(encoder.im_end,), seed=seed)
+        spec = SamplingSpec(max_new_tokens=limits.max_new_tokens, temperature=0.0, stop_token_ids=(encoder.im_end,),
+                            seed=seed)
         return evaluate_policy(engine_policy(eng, spec), encoder, opponent=opponent, games=games, seed=seed,
-                               limits=RunnerLimits(max_new_tokens=max_new_tokens))
+                               limits=limits)
     finally:
         eng.close()
+
+
+def run_limits(cfg: RunConfig) -> RunnerLimits:
+    """The protocol limits a run was trained under (evaluation should play by the same rules)."""
+    return RunnerLimits(max_invalid=cfg.game.max_invalid, format_penalty=cfg.game.format_penalty,
+                        max_context=cfg.rollout.max_context, max_new_tokens=cfg.rollout.max_new_tokens)

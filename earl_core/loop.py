@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,9 +55,30 @@ def base_model_dir(cfg: RunConfig) -> str:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("iter_*") if (p / "earl_state.json").exists()
-                   and not p.name.endswith(".tmp"))
-    return ckpts[-1] if ckpts else None
+    """The complete checkpoint with the highest iteration number (half-written ones end in .tmp)."""
+    ckpts = [p for p in (run_dir / "checkpoints").glob("iter_*")
+             if p.name[5:].isdigit() and (p / "earl_state.json").exists()]
+    return max(ckpts, key=lambda p: int(p.name[5:])) if ckpts else None
+
+
+def _last_seq(events_path: Path) -> int:
+    """Highest seq already written, so a resumed run keeps numbering without a gap or a repeat."""
+    if not events_path.exists():
+        return 0
+    last = 0
+    for line in events_path.read_text().splitlines():
+        try:
+            last = max(last, int(json.loads(line)["seq"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+    return last
+
+
+def _truncate_metrics(path: Path, before: int) -> None:
+    """Drop metric lines of iterations that will be replayed after a resume."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["iteration"] < before]
+        path.write_text("".join(line + "\n" for line in keep))
 
 
 def train(
@@ -66,13 +89,22 @@ def train(
     resume: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
     ray_address: str | None = None,
-    start_seq: int = 0,
+    start_seq: int | None = None,
 ) -> RunSummary:
-    """Run the whole training; every status, metric, memory reading and sample game goes to `sink`."""
+    """Run the whole training; every status, metric, memory reading and sample game goes to `sink`.
+
+    `start_seq` is the last event number the caller already holds (None: continue the run folder's
+    events.jsonl when resuming, else start at 1).
+    """
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    events_path = run_dir / "events.jsonl"
+    if start_seq is None:
+        start_seq = _last_seq(events_path) if resume else 0
+        if not resume:
+            events_path.unlink(missing_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    file_sink = ev.jsonl_sink(run_dir / "events.jsonl")
+    file_sink = ev.jsonl_sink(events_path)
 
     def both(envelope: dict[str, Any]) -> None:
         file_sink(envelope)
@@ -90,6 +122,14 @@ def train(
         raise
 
 
+def _gpus_per_worker(cfg: RunConfig) -> float:
+    """A whole GPU per worker where there are enough, else an equal share (vLLM then takes a share of memory)."""
+    total = ray.cluster_resources().get("GPU", 0)
+    if total <= 0:
+        return 0.0
+    return min(1.0, total / (cfg.rollout.workers + cfg.trainer_workers))
+
+
 def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: Callable[[], bool],
          ray_address: str | None) -> RunSummary:
     run_dir = cfg.run_dir
@@ -100,50 +140,53 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         state = json.loads((checkpoint / "earl_state.json").read_text())
         start_iter, init_dir, baseline_value = state["iteration"], str(checkpoint), state.get("baseline")
         stream.emit(ev.Log("info", f"resuming from {checkpoint} at iteration {start_iter}"))
-    engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context, "seed": cfg.seed} \
-        if cfg.rollout.engine == "vllm" else {}
-    needed_cpus = cfg.rollout.workers + cfg.trainer_workers * cfg.trainer_cpus
     metrics_path = run_dir / "metrics.jsonl"
+    _truncate_metrics(metrics_path, start_iter)
+    needed_cpus = cfg.rollout.workers + cfg.trainer_workers * cfg.trainer_cpus
     last_ckpt: str | None = str(checkpoint) if checkpoint else None
     values: dict[str, float] = {}
-    with ray_cluster(ray_address, num_cpus=needed_cpus) as where:
-        # One GPU per worker where the cluster has GPUs (Ray hides GPUs from actors that reserve none).
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        stream.emit(ev.Log("info", f"using {where}" + (" with GPUs" if gpus else "")))
+    with ray_cluster(ray_address, num_cpus=needed_cpus) as where, ExitStack() as cleanup:
+        gpus = _gpus_per_worker(cfg)
+        stream.emit(ev.Log("info", f"using {where}" + (f", {gpus:g} GPU per worker" if gpus else "")))
+        engine_opts: dict[str, Any] = {}
+        if cfg.rollout.engine == "vllm":
+            engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context,
+                           "seed": cfg.seed, "gpu_memory_utilization": 0.8 * gpus if gpus else 0.8}
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
-                               seed=cfg.seed, num_cpus=cfg.trainer_cpus, num_gpus=gpus)
+                               seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
+                               num_cpus=cfg.trainer_cpus, num_gpus=gpus)
+        cleanup.callback(trainer.close)
         if checkpoint is not None:
             trainer.load_optimizer(str(checkpoint))
-        if cfg.sft.enabled and checkpoint is None:
+        warm = cfg.sft.enabled and checkpoint is None
+        if warm:
             _warm_start(cfg, trainer, base, stream)
             # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
             # what --resume restarts from without repeating the warm start.
             last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
         rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts,
                                num_gpus=gpus)
-        try:
-            if cfg.sft.enabled and checkpoint is None:
-                rollout.load_weights(trainer.weights())
-            stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
-            baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
-            for it in range(start_iter, cfg.iterations):
-                if should_stop():
-                    last_ckpt = _checkpoint(cfg, trainer, it, baseline)
-                    stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
-                    return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
-                values = _iteration(cfg, it, rollout, trainer, baseline, stream)
-                with metrics_path.open("a") as fh:
-                    fh.write(json.dumps({"iteration": it, **values}) + "\n")
-                if (it + 1) % cfg.checkpoint_every == 0:
-                    last_ckpt = _checkpoint(cfg, trainer, it + 1, baseline)
-            final = cfg.run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-            if last_ckpt != str(final):  # always end on a checkpoint (also after a warm start alone)
-                last_ckpt = _checkpoint(cfg, trainer, cfg.iterations, baseline)
-        finally:
-            rollout.close()
-            trainer.close()
-    stream.emit(ev.RunStatus("succeeded", f"{cfg.iterations} iterations"))
-    return RunSummary("succeeded", cfg.iterations, last_ckpt, values, str(run_dir))
+        cleanup.callback(rollout.close)
+        if warm:
+            rollout.load_weights(trainer.weights())
+        stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
+        baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
+        for it in range(start_iter, cfg.iterations):
+            if should_stop():
+                last_ckpt = _checkpoint(cfg, trainer, it, baseline)
+                stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
+                return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
+            values = _iteration(cfg, it, rollout, trainer, baseline, stream)
+            with metrics_path.open("a") as fh:
+                fh.write(json.dumps({"iteration": it, **values}) + "\n")
+            if (it + 1) % cfg.checkpoint_every == 0:
+                last_ckpt = _checkpoint(cfg, trainer, it + 1, baseline)
+        done = max(cfg.iterations, start_iter)
+        final = cfg.run_dir / "checkpoints" / f"iter_{done:06d}"
+        if last_ckpt != str(final):  # always end on a checkpoint (also after a warm start alone)
+            last_ckpt = _checkpoint(cfg, trainer, done, baseline)
+    stream.emit(ev.RunStatus("succeeded", f"{done} iterations"))
+    return RunSummary("succeeded", done, last_ckpt, values, str(run_dir))
 
 
 def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,
@@ -176,10 +219,19 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
         "perf/iteration_s": t3 - t0,
         "perf/train_step_s": t2 - t1,
     }
-    stream.emit(ev.Metrics(iteration=it, values=values))
+    _emit_metrics(stream, it, values)
     stream.emit(ev.MemoryReading(iteration=it, workers=rollout.memory() + trainer.memory()))
     _emit_sample_game(stream, it, records[0])
     return values
+
+
+def _emit_metrics(stream: ev.EventStream, it: int, values: dict[str, float]) -> None:
+    """Metrics event with non-finite values left out (JSON has no NaN) and named in a warning instead."""
+    finite = {k: v for k, v in values.items() if math.isfinite(v)}
+    if len(finite) < len(values):
+        bad = sorted(set(values) - set(finite))
+        stream.emit(ev.Log("warning", f"iteration {it}: non-finite metrics left out: {', '.join(bad)}"))
+    stream.emit(ev.Metrics(iteration=it, values=finite))
 
 
 def _emit_sample_game(stream: ev.EventStream, it: int, record: dict[str, Any]) -> None:
@@ -217,6 +269,6 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
             if len(chunk) < cfg.trainer_workers:  # every rank needs at least one game
                 continue
             losses.append(trainer.sft_step(chunk, cfg.sft.lr)["sft/loss"])
-        stream.emit(ev.Metrics(iteration=0, values={"sft/loss": sum(losses) / max(len(losses), 1),
-                                                    "sft/epoch": float(epoch + 1), "sft/steps": float(len(losses))}))
-    trainer.reset_lr()
+        _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
+                                      "sft/steps": float(len(losses))})
+    trainer.reset_optimizer()

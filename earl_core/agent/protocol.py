@@ -20,7 +20,8 @@ _SYSTEM = (
     "{first} Each turn you see the board ({mine} = yours, {theirs} = your opponent's, . = empty) and the legal "
     "columns. Answer with your move as [col N], for example [col 3]."
 )
-_ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d+)\s*\]", re.IGNORECASE)
+# At most 3 digits: a long run of digits is no column, and int() of thousands of digits would raise.
+_ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d{1,3})\s*\]", re.IGNORECASE)
 _BARE_DIGIT_RE = re.compile(r"^\s*(\d)\s*$")
 
 

@@ -115,4 +115,5 @@ def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: Ru
     _open_turn(ep, encoder, next_prompt)
     # The next answer must fit: a game whose conversation outgrows the context ends as a loss.
     if len(conv) + limits.max_new_tokens > limits.max_context:
+        ep.turn_context.pop()  # this turn is never answered: it is not an agent turn
         ep.finish("loss", "context limit reached", format_penalty=limits.format_penalty)

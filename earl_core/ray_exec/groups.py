@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -10,6 +11,21 @@ import ray
 from earl_core.ray_exec.workers import RolloutWorker, TrainerWorker
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def close_actors(actors: list[Any]) -> None:
+    """Ask each actor to free its resources, then kill it; a dead or failing actor never blocks the others
+    and never hides the error that ended the run (cleanup problems are logged, not raised)."""
+    for actor in actors:
+        try:
+            ray.get(actor.close.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - cleanup must go on whatever happened to this actor
+            log.warning("closing %s failed", actor, exc_info=True)
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001
+            log.warning("killing %s failed", actor, exc_info=True)
 
 
 def split_round_robin(items: Sequence[T], parts: int) -> list[list[T]]:
@@ -56,20 +72,19 @@ class RolloutGroup:
         return ray.get([a.memory.remote() for a in self.actors])
 
     def close(self) -> None:
-        ray.get([a.close.remote() for a in self.actors])
-        for a in self.actors:
-            ray.kill(a)
+        close_actors(self.actors)
 
 
 class TrainerGroup:
     """Data-parallel trainer ranks sharing one process group."""
 
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
-                 num_cpus: float = 1, num_gpus: float = 0) -> None:
+                 temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0) -> None:
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
         self.actors = [actor.remote(rank=r, world_size=workers) for r in range(workers)]
         master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
-        ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master)
+        ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master,
+                                temperature=temperature)
                  for a in self.actors])
 
     def rl_step(self, records: list[dict[str, Any]], advantages: Sequence[float]) -> dict[str, float]:
@@ -86,8 +101,8 @@ class TrainerGroup:
         shares = split_by_tokens(records, len(self.actors))
         return ray.get([a.sft_step.remote([records[i] for i in idx], lr) for a, idx in zip(self.actors, shares)])[0]
 
-    def reset_lr(self) -> None:
-        ray.get([a.reset_lr.remote() for a in self.actors])
+    def reset_optimizer(self) -> None:
+        ray.get([a.reset_optimizer.remote() for a in self.actors])
 
     def weights(self) -> list[ray.ObjectRef]:
         return ray.get(self.actors[0].weights.remote())
@@ -102,6 +117,4 @@ class TrainerGroup:
         return ray.get([a.memory.remote() for a in self.actors])
 
     def close(self) -> None:
-        ray.get([a.close.remote() for a in self.actors])
-        for a in self.actors:
-            ray.kill(a)
+        close_actors(self.actors)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from datetime import timedelta
@@ -37,14 +38,16 @@ class RolloutWorker:
 
     def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
         """Play the given games; returns finished episode records and rollout statistics."""
-        spec = SamplingSpec(**{**sampling, "stop_token_ids": (self.encoder.im_end,)})
-        generate = engine_policy(self.engine, spec)
         generated = 0
         calls = 0
 
         def policy(episodes: list[Episode]) -> list[Generation]:
             nonlocal generated, calls
-            gens = generate(episodes)
+            # A fresh seed per worker and per turn: prompt i of a call samples with seed + i, so equal
+            # prompts on different workers or turns must not share a seed (GRPO groups would collapse).
+            seed = random.Random(f"{sampling.get('seed')}/{self.index}/{calls}").getrandbits(31)
+            spec = SamplingSpec(**{**sampling, "seed": seed, "stop_token_ids": (self.encoder.im_end,)})
+            gens = engine_policy(self.engine, spec)(episodes)
             generated += sum(len(g.token_ids) for g in gens)
             calls += 1
             return gens
@@ -96,7 +99,7 @@ class TrainerWorker:
             return ip, int(s.getsockname()[1])
 
     def setup(self, model_dir: str, *, algo: dict[str, Any], reference_dir: str | None, seed: int,
-              master: tuple[str, int] | None) -> str:
+              master: tuple[str, int] | None, temperature: float = 1.0) -> str:
         # Ray caps actor threads at 1 by default; use the CPUs this actor reserved.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))
@@ -106,7 +109,7 @@ class TrainerWorker:
             dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(minutes=10))
         self.learner = Learner(model_dir, algo=AlgoConfig(**algo), reference_dir=reference_dir, seed=seed,
-                               reduce=self._all_reduce)
+                               temperature=temperature, reduce=self._all_reduce)
         return self.name
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -127,9 +130,9 @@ class TrainerWorker:
         assert self.learner is not None
         return self.learner.sft_step(records, lr=lr)
 
-    def reset_lr(self) -> None:
+    def reset_optimizer(self) -> None:
         assert self.learner is not None
-        self.learner.reset_lr()
+        self.learner.reset_optimizer()
 
     def weights(self) -> list[ray.ObjectRef]:
         """The weights as an object in this worker's store, returned by reference (wrapped so Ray does not fetch it)."""

@@ -60,9 +60,15 @@ def pack(records: Sequence[dict[str, Any]], advantages: Sequence[float] | torch.
     return TrainBatch(input_ids=ids, attention_mask=attn, action_mask=act[:, 1:].contiguous(), advantages=adv)
 
 
-def micro_batches(batch: TrainBatch, size: int) -> Iterator[TrainBatch]:
-    """Slices of at most `size` sequences, grouped by length so little compute goes to padding."""
+def micro_batch_indices(batch: TrainBatch, size: int) -> Iterator[list[int]]:
+    """Row indices of micro-batches of at most `size` sequences, grouped by length so little compute goes to padding."""
     lengths = batch.attention_mask.sum(dim=1).tolist()
     order = sorted(range(batch.size), key=lambda i: lengths[i])
     for start in range(0, batch.size, size):
-        yield batch.slice(order[start : start + size])
+        yield order[start : start + size]
+
+
+def micro_batches(batch: TrainBatch, size: int) -> Iterator[TrainBatch]:
+    """The micro-batches themselves (see micro_batch_indices)."""
+    for idx in micro_batch_indices(batch, size):
+        yield batch.slice(idx)

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from earl_core.config import AlgoConfig
-from earl_core.rl.batch import TrainBatch, micro_batches, pack
+from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -38,13 +37,17 @@ class Learner:
         algo: AlgoConfig,
         reference_dir: str | Path | None = None,
         seed: int = 0,
+        temperature: float = 1.0,
         reduce: Reduce = _identity,
     ) -> None:
         torch.manual_seed(seed)
+        # Rollouts sample from softmax(logits / T); the ratio must compare the same distribution.
+        self.temperature = temperature
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.algo = algo
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model.train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -61,18 +64,14 @@ class Learner:
         # mask can be left out. Without it attention takes the fused causal path (~1.7x faster on CPU);
         # the logits at pad positions are garbage but carry zero weight in every loss.
         out = model(input_ids=mb.input_ids.to(self.device))
-        return token_logprobs(out.logits, mb.input_ids.to(self.device))  # (b, t-1)
+        return token_logprobs(out.logits / self.temperature, mb.input_ids.to(self.device))  # (b, t-1)
 
     @torch.no_grad()
     def _fill(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the whole batch under `model`, computed micro-batch by micro-batch."""
         out = torch.zeros_like(batch.action_mask)
-        lengths = batch.attention_mask.sum(dim=1).tolist()
-        order = sorted(range(batch.size), key=lambda i: lengths[i])
-        for start in range(0, batch.size, self.algo.micro_batch):
-            idx = order[start : start + self.algo.micro_batch]
-            mb = batch.slice(idx)
-            lp = self._logprobs(model, mb).cpu()
+        for idx in micro_batch_indices(batch, self.algo.micro_batch):
+            lp = self._logprobs(model, batch.slice(idx)).cpu()
             out[idx, : lp.shape[1]] = lp
         return out
 
@@ -163,6 +162,10 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = self.algo.lr
 
+    def reset_optimizer(self) -> None:
+        """Fresh AdamW state at the RL learning rate (the warm start's moments do not carry over)."""
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
+
     # ---- weights and checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """CPU copy of the weights, in Hugging Face parameter names (what rollout engines load)."""
@@ -175,10 +178,11 @@ class Learner:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp)
-        for name in TOKENIZER_FILES:
-            src = self.model_dir / name
-            if src.exists() and not (tmp / name).exists():
-                shutil.copy2(src, tmp / name)
+        # The tokenizer's own save writes every file it needs, also when the model came from a hub id.
+        self.tokenizer.save_pretrained(tmp)
+        generation_config = self.model_dir / "generation_config.json"
+        if generation_config.exists() and not (tmp / "generation_config.json").exists():
+            shutil.copy2(generation_config, tmp / "generation_config.json")
         torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, tmp / "trainer_state.pt")
         (tmp / "earl_state.json").write_text(json.dumps(extra or {}, indent=2))
         if final.exists():
@@ -190,3 +194,4 @@ class Learner:
         state = torch.load(Path(checkpoint) / "trainer_state.pt", map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
+        self.reset_lr()  # the saved state carries the old learning rate; the config in force wins

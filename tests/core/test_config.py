@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,3 +89,37 @@ def test_opponent_lists_rotate_over_groups() -> None:
     one_side = RunConfig.from_dict({"game": {"opponent": "random,heuristic", "agent_side": "second"},
                                     "rollout": {"groups": 2, "group_size": 1}})
     assert [(s["agent_side"], s["opponent"]) for s in iteration_specs(one_side, 0)] == [(2, "random"), (2, "heuristic")]
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"algo": {"lr": float("nan")}}, "algo.lr"),
+        ({"rollout": {"temperature": 0.005}}, "rollout.temperature"),
+        ({"rollout": {"temperature": 0}}, "rollout.temperature"),  # greedy GRPO groups carry no signal
+        ({"rollout": {"max_new_tokens": 2000, "max_context": 4096}}, "rollout.max_new_tokens"),
+        ({"rollout": {"max_context": 32768}}, "rollout.max_context"),
+        ({"trainer_workers": 4, "sft": {"enabled": True, "batch": 2}}, "sft.batch"),
+    ],
+)
+def test_cross_field_checks(data: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(data)
+    assert info.value.field == field
+
+
+def test_bad_override_and_file_shapes(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(apply_overrides({}, ["name=a: b: c"]))
+    assert info.value.field == "name"
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(listy, ["seed=1"])
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path)
+
+
+def test_readme_config_table_is_current() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert config_reference() in readme, "regenerate the README table with `python -m earl_core config-doc`"

@@ -38,6 +38,7 @@ def test_parse_rejects_with_reason() -> None:
     assert protocol.parse_answer("column three", Board()).problem == "no [col N] found in your answer."
     assert not protocol.parse_answer("", Board()).ok
     assert not protocol.parse_answer("12", Board()).ok
+    assert protocol.parse_answer("[col " + "9" * 5000 + "]", Board()).problem == "no [col N] found in your answer."
 
 
 @settings(max_examples=500, deadline=None)

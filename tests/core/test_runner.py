@@ -69,10 +69,12 @@ def test_invalid_answer_gets_one_retry_then_loses(encoder: ChatEncoder) -> None:
     assert len(seen) == 2 and "Invalid move: no [col N] found" in seen[1]
     assert ep.result == "loss" and ep.end_reason.startswith("invalid answer")
     assert ep.invalid == 2 and ep.reward == pytest.approx(-1.2)
-    # The unfinished answer was closed with <|im_end|> that the agent did not write: not trained on.
+    # Each unfinished answer was closed with an <|im_end|> the agent did not write: context, not trained on.
     conv = ep.conversation
-    closing = [i for i, t in enumerate(conv.token_ids) if t == encoder.im_end and conv.action_mask[i] == 0]
-    assert closing, "closing tokens are context, not actions"
+    ends = [i for i in range(1, len(conv)) if conv.action_mask[i - 1] == 1 and conv.action_mask[i] == 0]
+    assert len(ends) == 2
+    for i in ends:
+        assert conv.token_ids[i] == encoder.im_end and conv.action_mask[i] == 0
 
 
 def test_retry_allowance_is_per_turn(encoder: ChatEncoder) -> None:
@@ -94,3 +96,4 @@ def test_context_limit_ends_game(encoder: ChatEncoder) -> None:
                           limits=RunnerLimits(max_context=400, max_new_tokens=16))
     assert ep.result == "loss" and ep.end_reason == "context limit reached"
     assert len(ep.conversation) + 16 > 400
+    assert len(ep.turn_context) == sum(m.player == "agent" for m in ep.moves), "unanswered turn not counted"

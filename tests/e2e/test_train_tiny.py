@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def ray_session():  # noqa: ANN201 - yields the cluster description
-    with ray_cluster(num_cpus=3) as where:
+    with ray_cluster(num_cpus=4) as where:
         yield where
 
 
@@ -34,7 +34,7 @@ def _config(tmp_path: Path, **changes: object) -> RunConfig:
         "iterations": 2,
         "checkpoint_every": 1,
         "trainer_workers": 2,
-        "rollout": {"groups": 2, "group_size": 2, "max_new_tokens": 6},
+        "rollout": {"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 2},
         "algo": {"lr": 1e-3, "micro_batch": 4},
         "sft": {"enabled": True, "games": 8, "epochs": 1, "batch": 8},
     }
@@ -64,7 +64,7 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
     assert len(sft) == cfg.sft.epochs and sft[0]["sft/loss"] > 0
     memory = [e for e in got if e["type"] == "memory"]
-    assert {w["worker"] for w in memory[0]["data"]["workers"]} == {"rollout-0", "trainer-0", "trainer-1"}
+    assert {w["worker"] for w in memory[0]["data"]["workers"]} == {"rollout-0", "rollout-1", "trainer-0", "trainer-1"}
     assert any(e["type"] == "game.end" for e in got) and any(e["type"] == "game.move" for e in got)
 
     # Files: the same events on disk, one metrics line per iteration, HF checkpoints whose weights moved.
@@ -78,16 +78,27 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
 
 
 def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> None:
-    cfg = _config(tmp_path, iterations=1, trainer_workers=1, sft={"enabled": False})
-    train(cfg)
+    cfg = _config(tmp_path, iterations=1, trainer_workers=1, sft={"enabled": False},
+                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6})
+    first = train(cfg)
+    weights_1 = load_file(Path(first.last_checkpoint) / "model.safetensors")
     more = cfg.replace(iterations=2)
     got: list[dict] = []
     summary = train(more, got.append, resume=True)
     assert summary.iterations_done == 2
     assert any(e["type"] == "log" and "resuming from" in e["data"]["message"] for e in got)
-    its = [e["data"]["iteration"] for e in got if e["type"] == "metrics"]
-    assert its == [1]
+    assert [e["data"]["iteration"] for e in got if e["type"] == "metrics"] == [1]
     assert summary.last_checkpoint and summary.last_checkpoint.endswith("iter_000002")
+    # The resumed run started from checkpoint 1's weights and optimiser (step count carried on).
+    state = torch.load(Path(summary.last_checkpoint) / "trainer_state.pt", weights_only=False)
+    assert state["steps"] == 2
+    weights_2 = load_file(Path(summary.last_checkpoint) / "model.safetensors")
+    assert any(not torch.equal(weights_1[k], weights_2[k]) for k in weights_1)
+    # One metrics line per iteration, and event numbers continue the first run's without a gap.
+    run_dir = Path(summary.run_dir)
+    assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    seqs = [json.loads(x)["seq"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1)) and got[0]["seq"] > 1
 
 
 def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
