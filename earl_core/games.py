@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,10 @@ def rollout_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         mine = [r for r in records if r["agent_side"] == side]
         if mine:
             out[f"rollout/win_rate_{label}"] = sum(r["result"] == "win" for r in mine) / len(mine)
+    for opponent in sorted({r["opponent"] for r in records}):
+        mine = [r for r in records if r["opponent"] == opponent]
+        key = re.sub(r"[^a-z0-9_]", "", opponent.replace(":", "_"))
+        out[f"rollout/win_rate_vs_{key}"] = sum(r["result"] == "win" for r in mine) / len(mine)
     contexts = [c for r in records for c in r["turn_context"]]
     if contexts:
         out["context/mean"] = statistics.fmean(contexts)
