@@ -24,6 +24,7 @@ from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
 from earl_core.config import RunConfig, opponent_list
 from earl_core.env.opponents import make_opponent
+from earl_core.evaluate import run_limits
 from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
 from earl_core.ray_exec.cluster import ray_cluster
@@ -194,8 +195,7 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
     t0 = time.perf_counter()
     sampling = {"max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
                 "top_p": cfg.rollout.top_p, "seed": cfg.seed + it}
-    limits = {"max_invalid": cfg.game.max_invalid, "format_penalty": cfg.game.format_penalty,
-              "max_context": cfg.rollout.max_context, "max_new_tokens": cfg.rollout.max_new_tokens}
+    limits = asdict(run_limits(cfg))
     played = rollout.play(iteration_specs(cfg, it), sampling, limits)
     records = played["records"]
     rewards = [r["reward"] for r in records]

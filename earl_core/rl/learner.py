@@ -50,7 +50,7 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model.train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.optimizer = self._new_optimizer()
         self.reference = None
         if algo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(reference_dir or model_dir, dtype=torch.float32)
@@ -164,7 +164,10 @@ class Learner:
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state at the RL learning rate (the warm start's moments do not carry over)."""
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.algo.lr, betas=(0.9, 0.99), weight_decay=0.0)
 
     # ---- weights and checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
