@@ -352,3 +352,43 @@ def _deep_copy(data: Any) -> Any:
     if isinstance(data, list):
         return [_deep_copy(v) for v in data]
     return data
+
+
+def config_errors(data: Any, *, limit: int = 50) -> list[ConfigError]:
+    """Every bad field of ``data``, not only the first: what an API answers so a user can fix all at once.
+
+    Each error found is recorded, the offending key is dropped (its default takes over), and validation runs again.
+    """
+    if not isinstance(data, dict):
+        try:
+            RunConfig.from_dict(data)
+        except ConfigError as exc:
+            return [exc]
+    work = _deep_copy(data)
+    errors: list[ConfigError] = []
+    seen: set[str] = set()
+    while len(errors) < limit:
+        try:
+            RunConfig.from_dict(work)
+            return errors
+        except ConfigError as exc:
+            if exc.field not in seen:
+                errors.append(exc)
+            if exc.field in seen or not _drop_path(work, exc.field):
+                return errors  # nothing left to drop (a rule on defaults): what was found is the answer
+            seen.add(exc.field)
+    return errors
+
+
+def _drop_path(data: dict[str, Any], dotted: str) -> bool:
+    """Remove ``a.b.c`` from nested dicts; False when the path is absent."""
+    *parents, leaf = dotted.split(".")
+    node: Any = data
+    for key in parents:
+        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
+            return False
+        node = node[key]
+    if isinstance(node, dict) and leaf in node:
+        del node[leaf]
+        return True
+    return False

@@ -1,1 +1,1 @@
-"""workers (built in the web-service issue)."""
+"""Celery workers: take a queued run, drive the EARL core on Ray, store and publish its events."""

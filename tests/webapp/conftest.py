@@ -1,0 +1,102 @@
+"""Web-side fixtures: a real Redis (the configured one, or a private one started here), people and teams, API clients."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from webapp.accounts.models import ApiToken, Membership, Team
+from webapp.localredis import ensure_redis
+
+# Tests use their own Redis database number so they never meet a running service's queue or groups.
+TEST_REDIS_DB = 9
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_url() -> Iterator[str]:
+    base = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+    url, local = ensure_redis(f"{base}/{TEST_REDIS_DB}")
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    os.environ["REDIS_URL"] = url  # for worker processes the tests start
+    os.environ["CELERY_BROKER_URL"] = url
+    settings.REDIS_URL = url
+    settings.CELERY_BROKER_URL = url
+    settings.CHANNEL_LAYERS = {"default": {**settings.CHANNEL_LAYERS["default"],
+                                           "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "hosts": [url]}}}
+    yield url
+    if local is not None:
+        local.stop()
+
+
+@pytest.fixture(autouse=True)
+def runs_dir(tmp_path: Any, settings: Any) -> Any:
+    settings.EARL_RUNS_DIR = tmp_path / "runs"
+    return settings.EARL_RUNS_DIR
+
+
+def _person(django_user_model: Any, name: str, team: Team, role: str = "member") -> Any:
+    user = django_user_model.objects.create_user(username=name, password=f"{name}-password-123")
+    Membership.objects.create(user=user, team=team, role=role)
+    return user
+
+
+@pytest.fixture
+def ants(db: None) -> Team:
+    return Team.objects.create(name="Ants", slug="ants")
+
+
+@pytest.fixture
+def bees(db: None) -> Team:
+    return Team.objects.create(name="Bees", slug="bees")
+
+
+@pytest.fixture
+def alice(django_user_model: Any, ants: Team) -> Any:
+    return _person(django_user_model, "alice", ants, "admin")
+
+
+@pytest.fixture
+def bob(django_user_model: Any, ants: Team) -> Any:
+    return _person(django_user_model, "bob", ants, "member")
+
+
+@pytest.fixture
+def charlie(django_user_model: Any, bees: Team) -> Any:
+    return _person(django_user_model, "charlie", bees, "member")
+
+
+def client_for(user: Any) -> APIClient:
+    _, key = ApiToken.issue(user, "test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+@pytest.fixture
+def as_alice(alice: Any) -> APIClient:
+    return client_for(alice)
+
+
+@pytest.fixture
+def as_bob(bob: Any) -> APIClient:
+    return client_for(bob)
+
+
+@pytest.fixture
+def as_charlie(charlie: Any) -> APIClient:
+    return client_for(charlie)
+
+
+TINY_CONFIG: dict[str, Any] = {
+    "iterations": 2,
+    "model": {"preset": "tiny"},
+    "rollout": {"groups": 2, "group_size": 2, "max_new_tokens": 8},
+    "sft": {"enabled": False},
+}

@@ -1,0 +1,1 @@
+"""Browser pages: login, runs, new run, run detail (live), compare, cluster."""

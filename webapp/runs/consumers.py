@@ -1,0 +1,106 @@
+"""Websocket of one run: the stored events after `?after=<seq>`, then live ones — never a gap, never a duplicate."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from webapp.runs.live import run_group
+from webapp.runs.models import RunEvent
+from webapp.runs.services import visible_runs
+
+# Close codes (4000-4999 are the application's): the client can tell "log in" from "no such run".
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+CLOSE_BAD_REQUEST = 4400
+BACKLOG_CHUNK = 500
+
+
+class RunEventsConsumer(AsyncWebsocketConsumer):
+    """Joins the run's group first, then sends the backlog from the database, then live batches.
+
+    Channel layers deliver at most once, so the database is the source of truth: a live event whose seq is ahead
+    of the last one sent makes the consumer read the missing ones from the database first.
+    """
+
+    async def connect(self) -> None:
+        self.run_id: int | None = None
+        self.last_sent = 0
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        after = _parse_after(self.scope.get("query_string", b""))
+        if after is None:
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
+        if not await database_sync_to_async(_can_view)(user, run_id):
+            await self.close(code=CLOSE_NOT_FOUND)  # another team's run looks exactly like a missing one
+            return
+        self.run_id = run_id
+        self.last_sent = after
+        await self.channel_layer.group_add(run_group(run_id), self.channel_name)
+        await self.accept()
+        await self._send_stored(upto=None)
+
+    async def disconnect(self, code: int) -> None:
+        if self.run_id is not None:
+            await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Clients may ping; anything else gets an error frame, and the stream goes on."""
+        try:
+            message = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and message.get("type") == "ping":
+            await self.send(text_data=json.dumps({"type": "pong", "last_seq": self.last_sent}))
+            return
+        await self.send(text_data=json.dumps({"type": "protocol.error",
+                                              "message": 'expected a JSON object {"type": "ping"}'}))
+
+    async def run_events(self, message: dict[str, Any]) -> None:
+        """A live batch from the worker (already stored in the database)."""
+        for envelope in message["events"]:
+            seq = envelope["seq"]
+            if seq <= self.last_sent:
+                continue
+            if seq > self.last_sent + 1:
+                await self._send_stored(upto=seq - 1)
+            if seq == self.last_sent + 1:
+                await self.send(text_data=json.dumps(envelope))
+                self.last_sent = seq
+
+    async def _send_stored(self, *, upto: int | None) -> None:
+        while True:
+            chunk = await database_sync_to_async(_stored_after)(self.run_id, self.last_sent, upto)
+            for envelope in chunk:
+                await self.send(text_data=json.dumps(envelope))
+                self.last_sent = envelope["seq"]
+            if len(chunk) < BACKLOG_CHUNK:
+                return
+
+
+def _parse_after(query: bytes) -> int | None:
+    values = parse_qs(query.decode("latin-1")).get("after", ["0"])
+    try:
+        after = int(values[-1])
+    except ValueError:
+        return None
+    return after if after >= 0 else None
+
+
+def _can_view(user: Any, run_id: int) -> bool:
+    return visible_runs(user).filter(pk=run_id).exists()
+
+
+def _stored_after(run_id: int, after: int, upto: int | None) -> list[dict[str, Any]]:
+    events = RunEvent.objects.filter(run_id=run_id, seq__gt=after)
+    if upto is not None:
+        events = events.filter(seq__lte=upto)
+    return [e.envelope() for e in events.order_by("seq")[:BACKLOG_CHUNK]]

@@ -1,0 +1,118 @@
+"""Training runs and what they leave behind: ordered events, sample games, checkpoints."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from webapp.accounts.models import Team
+
+CONFIG_SCHEMA_VERSION = 1
+
+
+class Run(models.Model):
+    """One training run of the EARL core, owned by a team."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STARTING = "starting"
+        RUNNING = "running"
+        CANCELLING = "cancelling"
+        CANCELLED = "cancelled"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    FINISHED = (Status.CANCELLED, Status.SUCCEEDED, Status.FAILED)
+    ACTIVE = (Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING)
+
+    class Priority(models.TextChoices):
+        LOW = "low"
+        NORMAL = "normal"
+        HIGH = "high"
+        URGENT = "urgent"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="runs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
+    name = models.CharField(max_length=100)
+    config = models.JSONField(help_text="the core RunConfig as a dict (validated by earl_core.config)")
+    config_version = models.PositiveSmallIntegerField(default=CONFIG_SCHEMA_VERSION)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    resources = models.JSONField(default=dict, help_text="requested cpus / gpus / memory")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    summary = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    last_seq = models.PositiveIntegerField(default=0, help_text="highest event seq stored")
+    iterations_done = models.PositiveIntegerField(default=0)
+    cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "status"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} {self.name} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    @property
+    def run_dir(self):  # -> Path
+        return settings.EARL_RUNS_DIR / f"run-{self.pk:06d}"
+
+
+class RunEvent(models.Model):
+    """One event of a run's stream, in the v1 envelope; (run, seq) is unique and gap-free."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=32)
+    data = models.JSONField()
+    ts = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="one_event_per_seq")]
+        indexes = [models.Index(fields=["run", "type", "seq"])]
+
+    def envelope(self) -> dict:
+        """The event as it travels to browsers (the same envelope the core emits)."""
+        return {"v": 1, "run": self.run_id, "seq": self.seq, "ts": self.ts.isoformat().replace("+00:00", "Z"),
+                "type": self.type, "data": self.data}
+
+
+class Game(models.Model):
+    """A sample game the run reported move by move (the board replays it)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="games")
+    iteration = models.PositiveIntegerField()
+    index = models.PositiveIntegerField(help_text="the game's number within its iteration")
+    opponent = models.CharField(max_length=32)
+    agent_side = models.PositiveSmallIntegerField()
+    result = models.CharField(max_length=8)
+    reward = models.FloatField()
+    moves = models.CharField(max_length=64, help_text="columns 1-7 in order, Pons' convention")
+    transcript = models.JSONField(default=list, help_text="the game.move events' data, in order")
+
+    class Meta:
+        ordering = ["run", "iteration", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "iteration", "index"], name="one_game_per_slot")]
+
+
+class Checkpoint(models.Model):
+    """A Hugging Face-format checkpoint folder a run wrote."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    iteration = models.PositiveIntegerField()
+    path = models.CharField(max_length=500)
+    size_bytes = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "iteration"]
+        constraints = [models.UniqueConstraint(fields=["run", "iteration"], name="one_checkpoint_per_iteration")]

@@ -1,0 +1,148 @@
+"""REST shapes of runs, events, games and checkpoints; submission is validated by the core's own config."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from earl_core.config import config_errors
+from webapp.accounts.models import Membership, Team
+from webapp.api_errors import FieldErrors, config_field_errors
+from webapp.runs.models import Checkpoint, Game, Run
+
+# Fields of the core config the service owns: where a run writes is not the user's choice.
+SERVICE_OWNED = {"output_dir": "set by the service (each run writes into its own folder)"}
+
+
+class RunSerializer(serializers.ModelSerializer):
+    team_name = serializers.CharField(source="team.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    total_iterations = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = ["id", "name", "team", "team_name", "owner", "status", "priority", "config", "config_version",
+                  "resources", "created_at", "started_at", "finished_at", "iterations_done", "total_iterations",
+                  "cancel_requested", "summary", "error", "last_seq", "cloned_from"]
+        read_only_fields = fields
+
+    def get_total_iterations(self, run: Run) -> int | None:
+        value = run.config.get("iterations") if isinstance(run.config, dict) else None
+        return value if isinstance(value, int) else None
+
+
+def team_for(user: Any, value: Any) -> Team:
+    """The team named by id or slug among the user's teams; a field error listing them otherwise."""
+    mine = Team.objects.filter(memberships__user=user).distinct()
+    team = None
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        team = mine.filter(pk=int(value)).first()
+    elif isinstance(value, str):
+        team = mine.filter(slug=value).first()
+    if team is None:
+        allowed = ", ".join(f"{t.pk} ({t.slug})" for t in mine) or "none: you belong to no team"
+        raise FieldErrors([{"field": "team", "message": f"{value!r} is not one of your teams", "allowed": allowed}])
+    return team
+
+
+def service_config_errors(config: Any) -> list[dict[str, Any]]:
+    """Core validation of every field, plus the service's own rules."""
+    errors = config_field_errors(config_errors(config))
+    if isinstance(config, dict):
+        for key, why in SERVICE_OWNED.items():
+            if key in config:
+                errors.insert(0, {"field": f"config.{key}", "message": why, "allowed": "leave it out"})
+        path = (config.get("model") or {}).get("path") if isinstance(config.get("model"), dict) else None
+        if isinstance(path, str) and not _allowed_model_path(path):
+            errors.append({"field": "config.model.path", "message": f"{path!r} is outside the shared model folder",
+                           "allowed": f"a folder under {settings.EARL_MODELS_DIR}, or a hub id like org/name"})
+    return errors
+
+
+def _allowed_model_path(path: str) -> bool:
+    """Local paths only from the shared models folder (a run must not read another team's files)."""
+    if not path.startswith(("/", ".", "~")) and ".." not in PurePosixPath(path).parts:
+        return True  # a hub id: loaded from the hub or the local cache, not from an arbitrary folder
+    root = settings.EARL_MODELS_DIR.resolve()
+    try:
+        return Path(path).expanduser().resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
+
+
+class RunCreateSerializer(serializers.Serializer):
+    """Every field is checked in `validate`, so one answer names every bad field at once."""
+
+    name = serializers.JSONField(required=False, help_text="1-100 characters (default: config.name or 'run')")
+    team = serializers.JSONField(required=False, help_text="team id or slug")
+    config = serializers.JSONField(required=False, help_text="the core run config (see README's config reference)")
+    priority = serializers.JSONField(required=False, help_text="low | normal | high | urgent (team admins)")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        user = self.context["request"].user
+        errors: list[dict[str, Any]] = []
+        name = attrs.get("name")
+        if name is not None and not (isinstance(name, str) and 1 <= len(name.strip()) <= 100):
+            errors.append({"field": "name", "message": f"invalid name {str(name)[:40]!r}", "allowed": "1-100 characters"})
+        priority = attrs.get("priority", Run.Priority.NORMAL)
+        if priority not in Run.Priority.values:
+            errors.append({"field": "priority", "message": f"unknown priority {str(priority)[:40]!r}",
+                           "allowed": ", ".join(Run.Priority.values)})
+        team = None
+        if "team" not in attrs:
+            errors.append({"field": "team", "message": "required", "allowed": "one of your teams' ids or slugs"})
+        else:
+            try:
+                team = team_for(user, attrs["team"])
+            except FieldErrors as exc:
+                errors += exc.errors
+        if team is not None:
+            member = Membership.objects.get(user=user, team=team)
+            if not member.can_launch:
+                errors.append({"field": "team", "message": f"your role in {team.slug} is {member.role}; it cannot launch runs",
+                               "allowed": "a team where you are admin or member"})
+            elif priority == Run.Priority.URGENT and member.role != Membership.Role.ADMIN:
+                errors.append({"field": "priority", "message": "urgent is for team admins", "allowed": "low, normal, high"})
+        if "config" not in attrs:
+            errors.append({"field": "config", "message": "required", "allowed": "a JSON object (the run config)"})
+        else:
+            errors += service_config_errors(attrs["config"])
+        if errors:
+            self.field_errors = errors
+            raise serializers.ValidationError({e["field"]: [e["message"]] for e in errors})
+        config = attrs["config"]
+        return {"team": team, "config": config, "priority": priority,
+                "name": (name or "").strip() or str(config.get("name") or "run")[:100]}
+
+
+def validated(serializer: serializers.Serializer) -> dict[str, Any]:
+    """The serializer's data, or a FieldErrors 400 that keeps each error's allowed values."""
+    if serializer.is_valid():
+        return serializer.validated_data
+    rich = list(getattr(serializer, "field_errors", []))
+    raise FieldErrors(rich or [{"field": f, "message": str(m[0] if isinstance(m, list) else m), "allowed": None}
+                               for f, m in serializer.errors.items()])
+
+
+class CloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False)
+
+
+class GameSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Game
+        fields = ["id", "iteration", "index", "opponent", "agent_side", "result", "reward", "moves", "transcript"]
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    download = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["iteration", "size_bytes", "created_at", "download"]
+
+    def get_download(self, ckpt: Checkpoint) -> str:
+        return f"/api/runs/{ckpt.run_id}/checkpoints/{ckpt.iteration}/download/"

@@ -1,0 +1,172 @@
+"""What can happen to a run: submit, cancel, clone, and storing the events a worker reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max, QuerySet
+from django.utils import timezone
+
+from earl_core.config import RunConfig
+from webapp.accounts.models import Membership, Team
+from webapp.queue import enqueue_run
+from webapp.runs.live import publish_cluster_change, publish_events
+from webapp.runs.models import Checkpoint, Game, Run, RunEvent
+
+
+class StateConflict(Exception):
+    """The run's state does not allow this change (the API answers 409)."""
+
+
+def visible_runs(user: Any) -> QuerySet[Run]:
+    """Runs of every team the user belongs to (any role)."""
+    return Run.objects.filter(team__memberships__user=user).distinct()
+
+
+def membership(user: Any, team: Team) -> Membership | None:
+    return Membership.objects.filter(user=user, team=team).first()
+
+
+def core_config(run: Run) -> RunConfig:
+    """The core's config for this run: the stored one, written into the run's own folder."""
+    data = dict(run.config)
+    data["name"] = run.run_dir.name
+    data["output_dir"] = str(run.run_dir.parent)
+    return RunConfig.from_dict(data)
+
+
+def _store_status_event(run: Run, status: str, message: str) -> dict[str, Any]:
+    """Append a run.status event written by the web side (only while no worker owns the run's stream)."""
+    seq = (run.events.aggregate(m=Max("seq"))["m"] or 0) + 1
+    event = RunEvent.objects.create(run=run, seq=seq, type="run.status", data={"status": status, "message": message},
+                                    ts=timezone.now())
+    Run.objects.filter(pk=run.pk).update(last_seq=seq)
+    run.last_seq = seq
+    return event.envelope()
+
+
+def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], priority: str = Run.Priority.NORMAL,
+               resources: dict[str, Any] | None = None, cloned_from: Run | None = None) -> Run:
+    """Store a validated run as queued and hand it to the queue once the transaction commits."""
+    with transaction.atomic():
+        run = Run.objects.create(team=team, owner=user, name=name, config=config, priority=priority,
+                                 resources=resources or {}, cloned_from=cloned_from)
+        envelope = _store_status_event(run, Run.Status.QUEUED, "waiting for a worker")
+        # The worker must find the committed row; and nothing is queued for a rolled-back one.
+        transaction.on_commit(lambda: enqueue_run(run.pk))
+        transaction.on_commit(lambda: publish_events(run.pk, [envelope]))
+        transaction.on_commit(publish_cluster_change)
+    return run
+
+
+def request_cancel(run: Run) -> Run:
+    """Cancel now if no worker has it yet; else flag it and let the worker stop at its next safe point."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_finished:
+            raise StateConflict(f"run {run.pk} is already {run.status}; only queued, starting or running runs can be cancelled")
+        if run.status == Run.Status.CANCELLING:
+            return run
+        if run.status == Run.Status.QUEUED:
+            run.status = Run.Status.CANCELLED
+            run.finished_at = timezone.now()
+            run.cancel_requested = True
+            run.save(update_fields=["status", "finished_at", "cancel_requested"])
+            envelope = _store_status_event(run, Run.Status.CANCELLED, "cancelled before it started")
+            transaction.on_commit(lambda: publish_events(run.pk, [envelope]))
+        else:
+            run.status = Run.Status.CANCELLING
+            run.cancel_requested = True
+            run.save(update_fields=["status", "cancel_requested"])
+        transaction.on_commit(publish_cluster_change)
+    return run
+
+
+def clone_run(run: Run, *, user: Any, name: str | None = None) -> Run:
+    """A new queued run with the same team, config and priority."""
+    return submit_run(user=user, team=run.team, name=name or f"{run.name} (clone)"[:100], config=run.config,
+                      priority=run.priority, resources=run.resources, cloned_from=run)
+
+
+# ---- what a worker reports ----------------------------------------------------------------------------
+
+_STATUS_FROM_CORE = {s.value for s in Run.Status}
+
+
+def store_events(run_id: int, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Persist a batch of core events in order, and apply what they say to the run; returns the stored ones.
+
+    Events at or below the stored last seq are skipped (a batch retried after a crash is not stored twice).
+    """
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        fresh = [e for e in envelopes if e["seq"] > run.last_seq]
+        if not fresh:
+            return []
+        RunEvent.objects.bulk_create([
+            RunEvent(run=run, seq=e["seq"], type=e["type"], data=e["data"], ts=e["ts"]) for e in fresh
+        ])
+        run.last_seq = fresh[-1]["seq"]
+        fields = {"last_seq"}
+        for e in fresh:
+            fields |= _apply(run, e)
+        run.save(update_fields=sorted(fields))
+        _store_games(run, fresh)
+    return fresh
+
+
+def _apply(run: Run, envelope: dict[str, Any]) -> set[str]:
+    data = envelope["data"]
+    if envelope["type"] == "metrics":
+        run.iterations_done = max(run.iterations_done, int(data["iteration"]) + 1)
+        return {"iterations_done"}
+    if envelope["type"] != "run.status" or data.get("status") not in _STATUS_FROM_CORE:
+        return set()
+    status = data["status"]
+    if run.cancel_requested and status in (Run.Status.STARTING, Run.Status.RUNNING):
+        return set()  # the user asked to cancel; the row keeps saying so until the core stops
+    run.status = status
+    changed = {"status"}
+    if status == Run.Status.STARTING and run.started_at is None:
+        run.started_at = timezone.now()
+        changed.add("started_at")
+    if status in Run.FINISHED:
+        run.finished_at = timezone.now()
+        changed.add("finished_at")
+        if status == Run.Status.FAILED:
+            run.error = data.get("message", "")[:10_000]
+            changed.add("error")
+    return changed
+
+
+def _store_games(run: Run, envelopes: list[dict[str, Any]]) -> None:
+    """Sample games: moves collect in the transcript, the game.end event completes the row."""
+    for e in envelopes:
+        if e["type"] not in ("game.move", "game.end"):
+            continue
+        d = e["data"]
+        game, _ = Game.objects.get_or_create(
+            run=run, iteration=d["iteration"], index=d["game"],
+            defaults={"opponent": "", "agent_side": 1, "result": "", "reward": 0.0, "moves": ""})
+        if e["type"] == "game.move":
+            game.transcript = [*game.transcript, d]
+            game.save(update_fields=["transcript"])
+        else:
+            game.opponent, game.agent_side, game.result = d["opponent"], d["agent_side"], d["result"]
+            game.reward, game.moves = d["reward"], d["moves"]
+            game.save(update_fields=["opponent", "agent_side", "result", "reward", "moves"])
+
+
+def sync_checkpoints(run: Run) -> list[Checkpoint]:
+    """Record the complete checkpoint folders the run has written (half-written ones end in .tmp)."""
+    root = run.run_dir / "checkpoints"
+    found = []
+    if root.is_dir():
+        for path in sorted(root.glob("iter_*")):
+            if path.name[5:].isdigit() and (path / "earl_state.json").exists():
+                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                ckpt, _ = Checkpoint.objects.update_or_create(
+                    run=run, iteration=int(path.name[5:]), defaults={"path": str(path), "size_bytes": size})
+                found.append(ckpt)
+    return found

@@ -1,0 +1,115 @@
+"""`workers.execute_run`: claim a queued run, train it with the EARL core on Ray, record how it ended."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from earl_core.loop import RunSummary, latest_checkpoint, train
+from webapp.runs.live import publish_cluster_change, publish_events
+from webapp.runs.models import Run
+from webapp.runs.services import core_config, store_events, sync_checkpoints
+from workers.celery_app import app
+from workers.relay import EventRelay
+
+log = logging.getLogger(__name__)
+
+
+class CancelFlag:
+    """`should_stop` for the core: reads the run's cancel flag from the database, at most once per poll interval."""
+
+    def __init__(self, run_id: int, *, poll_s: float) -> None:
+        self.run_id = run_id
+        self.poll_s = poll_s
+        self._checked = 0.0
+        self._stop = False
+
+    def __call__(self) -> bool:
+        if not self._stop and time.monotonic() - self._checked >= self.poll_s:
+            close_old_connections()
+            self._stop = Run.objects.filter(pk=self.run_id, cancel_requested=True).exists()
+            self._checked = time.monotonic()
+        return self._stop
+
+
+def _claim(run_id: int) -> Run | None:
+    """Move a queued run to starting under a row lock; None when it is not queued (cancelled, or already taken)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.status != Run.Status.QUEUED:
+            return None
+        run.status = Run.Status.STARTING
+        run.started_at = timezone.now()
+        run.save(update_fields=["status", "started_at"])
+    publish_cluster_change()
+    return run
+
+
+def _fail_before_start(run: Run, exc: BaseException) -> None:
+    """The core never started (bad stored config, say): record failed + an error event in the run's stream."""
+    now = timezone.now().isoformat().replace("+00:00", "Z")
+    seq = Run.objects.get(pk=run.pk).last_seq
+    events = [
+        {"v": 1, "run": run.pk, "seq": seq + 1, "ts": now, "type": "error",
+         "data": {"message": str(exc), "kind": type(exc).__name__, "traceback": traceback.format_exc()}},
+        {"v": 1, "run": run.pk, "seq": seq + 2, "ts": now, "type": "run.status", "data": {"status": "failed", "message": str(exc)}},
+    ]
+    publish_events(run.pk, store_events(run.pk, events))
+
+
+def _finish(run_id: int, summary: RunSummary | None, error: BaseException | None) -> None:
+    """Make the row agree with how the core ended, whatever events did or did not arrive."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if summary is not None:
+            run.status = summary.status
+            run.summary = {"iterations_done": summary.iterations_done, "last_checkpoint": summary.last_checkpoint,
+                           "final_metrics": summary.final_metrics}
+            run.iterations_done = summary.iterations_done
+        else:
+            run.status = Run.Status.FAILED
+            run.error = (str(error) or type(error).__name__)[:10_000]
+        run.finished_at = run.finished_at or timezone.now()
+        run.save(update_fields=["status", "summary", "iterations_done", "error", "finished_at"])
+    sync_checkpoints(run)
+    publish_cluster_change()
+
+
+@app.task(name="workers.execute_run")
+def execute_run(run_id: int) -> dict[str, Any]:
+    """Run one training run end to end. Arguments are ids only; state lives in the database."""
+    close_old_connections()
+    run = _claim(run_id)
+    if run is None:
+        log.info("run %s is not queued; nothing to do", run_id)
+        return {"run": run_id, "status": "skipped"}
+    try:
+        cfg = core_config(run)
+    except Exception as exc:
+        _fail_before_start(run, exc)
+        _finish(run_id, None, exc)
+        log.exception("run %s has an invalid config", run_id)
+        raise
+    relay = EventRelay(run_id)
+    summary: RunSummary | None = None
+    error: BaseException | None = None
+    try:
+        summary = train(cfg, relay, run_id=run_id, resume=latest_checkpoint(cfg.run_dir) is not None,
+                        should_stop=CancelFlag(run_id, poll_s=settings.EARL_CANCEL_POLL_S),
+                        ray_address=settings.RAY_ADDRESS or None, start_seq=run.last_seq)
+    except BaseException as exc:
+        error = exc
+        log.exception("run %s failed", run_id)
+        raise
+    finally:
+        try:
+            relay.close()
+        finally:
+            _finish(run_id, summary, error)
+    return {"run": run_id, "status": summary.status, "iterations_done": summary.iterations_done}
