@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-core bench clean
+.PHONY: setup run demo-cli test browser-deps bench clean
 
 setup: $(STAMP)
 
@@ -20,10 +20,25 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: setup
+	$(PY) -m webapp.serve
+
+demo-cli: setup
 	$(PY) -m earl_core train --config configs/demo.yaml
 
-test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+# The PostgreSQL pass runs the web and worker tests again where a PostgreSQL answers (CI has one; SQLite stays the
+# embedded default and runs the whole suite). Browser tests run in their own pytest process (Playwright's event loop).
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/earl
+
+test: setup browser-deps
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser
+	@if $(PY) -m webapp.dbcheck "$(PG_TEST_URL)"; then \
+		DATABASE_URL="$(PG_TEST_URL)" $(PY) -m pytest -q -p no:cacheprovider tests/webapp tests/workers; \
+	else echo "PostgreSQL pass skipped: nothing answers at $(PG_TEST_URL) (set PG_TEST_URL)"; fi
+	$(PY) -m pytest -q -p no:cacheprovider tests/browser
+
+# Debian's Chromium for the Playwright browser tests (`playwright install` cannot download browsers offline).
+browser-deps:
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 bench: setup
 	$(PY) bench/env_bench.py && $(PY) bench/engine_bench.py

@@ -15,8 +15,9 @@ from earl_core.errors import ConfigError
 
 CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
-_OPPONENT_RE = re.compile(r"^(random|heuristic|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
-OPPONENT_ALLOWED = "random, heuristic, solver, solver:D with D in 1..42, or a comma-separated list of these"
+_OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
+OPPONENT_ALLOWED = ("random, heuristic, heuristic:P (P% random moves, 0..100), solver, solver:D with D in 1..42, "
+                    "or a comma-separated list of these")
 
 
 def opponent_list(value: object, field_name: str) -> list[str]:
@@ -182,6 +183,10 @@ class SFTConfig:
     """Learning rate of the warm start."""
     batch: int = 32
     """Conversations per optimiser step."""
+    mistake_rate: float = 0.0
+    """Share of teacher turns (with a full column on the board) that first name a full column, get the
+    feedback and then answer well: teaches recovering from an invalid answer. The wrong answers stay in the
+    context but are never learning targets."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -193,6 +198,7 @@ class SFTConfig:
         _check_range("sft.epochs", self.epochs, 1, 1000)
         _check_range("sft.lr", self.lr, 1e-8, 1.0)
         _check_range("sft.batch", self.batch, 1, 4096)
+        _check_range("sft.mistake_rate", self.mistake_rate, 0.0, 1.0)
 
 
 @dataclass(frozen=True)

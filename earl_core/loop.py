@@ -255,7 +255,8 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % len(opponents)]),
                       seed=cfg.seed * 7919 + i)
              for i in range(cfg.sft.games)]
-    episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed), encoder,
+    episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate),
+                             encoder,
                              limits=RunnerLimits(max_context=cfg.rollout.max_context))
     records = [e.record() for e in episodes]
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}, "

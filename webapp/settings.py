@@ -93,6 +93,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
+# Serve /static/ from the ASGI app itself (one-machine mode); deployments put a web server or CDN in front instead.
+EARL_SERVE_STATIC = env_bool("EARL_SERVE_STATIC", DEBUG)
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "runs" / "staticfiles")))
 # Bodies above this are refused (413/400) before they reach a view.
@@ -101,7 +103,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 1_000_000, 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 60},
+        # redis-py's default 5 s socket timeout equals channels_redis' blocking receive: an idle websocket would
+        # then die with TimeoutError every 5 s. A longer socket timeout keeps quiet runs' viewers connected.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 2000, "expiry": 60},
     }
 }
 
@@ -139,6 +143,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A run can take hours; with the Redis broker an unacked task is redelivered after this many seconds. The run row's
 # claim (queued -> starting under a lock) keeps a redelivered task from running a run twice.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 24 * 3600, minimum=60)}
+# Ray and vLLM need real stdout/stderr file descriptors; Celery would replace them with logging proxies.
+CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 

@@ -63,10 +63,10 @@ class Conversation:
         self.action_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
 
-    def extend_action(self, ids: list[int], logprobs: list[float]) -> None:
+    def extend_action(self, ids: list[int], logprobs: list[float], *, trainable: bool = True) -> None:
         assert len(ids) == len(logprobs), "one logprob per generated token"
         self.token_ids.extend(ids)
-        self.action_mask.extend([1] * len(ids))
+        self.action_mask.extend([1 if trainable else 0] * len(ids))
         self.logprobs.extend(logprobs)
 
     def __len__(self) -> int:

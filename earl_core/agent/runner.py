@@ -89,7 +89,7 @@ def _opponent_moves(ep: Episode) -> int:
 
 def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: RunnerLimits) -> None:
     conv = ep.conversation
-    conv.extend_action(list(gen.token_ids), list(gen.logprobs))
+    conv.extend_action(list(gen.token_ids), list(gen.logprobs), trainable=gen.trainable)
     conv.extend_context(encoder.close_answer(list(gen.token_ids)))
     text = encoder.decode_answer(list(gen.token_ids))
     answer = protocol.parse_answer(text, ep.board)

@@ -13,16 +13,26 @@ from earl_core.env.connect_four import Board
 from earl_core.env.opponents import Opponent, RandomOpponent
 
 
-def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0) -> Policy:
-    """A policy that answers every turn with the teacher's move in the canonical format."""
+def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mistake_rate: float = 0.0) -> Policy:
+    """A policy that answers every turn with the teacher's move in the canonical format.
+
+    With `mistake_rate`, a turn where some column is full first names the most central full column (the
+    mistake a centre-loving imitator makes), marked not trainable; the retry then gets the teacher's move.
+    """
     rng = random.Random(seed)
+
+    def answer(column: int, *, trainable: bool) -> Generation:
+        ids = encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", trainable=trainable)
 
     def act(episodes: list[Episode]) -> list[Generation]:
         out = []
         for ep in episodes:
-            column = teacher.choose(ep.board, rng)
-            ids = encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
-            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+            full = [c for c in range(7) if c not in ep.board.legal_columns()]
+            if full and ep.retries_left > 0 and rng.random() < mistake_rate:
+                out.append(answer(min(full, key=lambda c: abs(3 - c)), trainable=False))
+            else:
+                out.append(answer(teacher.choose(ep.board, rng), trainable=True))
         return out
 
     return act

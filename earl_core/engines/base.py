@@ -68,6 +68,8 @@ class Generation:
     """log p(token) under the model's raw distribution (before temperature / top-p), one per id."""
     finish_reason: str
     """"stop" (eos or a stop token) or "length" (max_new_tokens or the context limit)."""
+    trainable: bool = True
+    """Whether these tokens are learning targets; False only for a teacher's deliberate wrong answer."""
 
 
 @runtime_checkable

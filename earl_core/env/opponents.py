@@ -12,7 +12,7 @@ from earl_core.errors import ConfigError, IllegalMove
 # Plies the plain "solver" spec searches: ~0.2 s per move at worst in pure Python, and exact play from the
 # point where 8 or fewer cells are left. Deeper opponents are spelled "solver:D".
 DEFAULT_SOLVER_DEPTH = 8
-ALLOWED_SPECS = "random, heuristic, solver, solver:D with D in 1..42"
+ALLOWED_SPECS = "random, heuristic, heuristic:P with P in 0..100 (% random moves), solver, solver:D with D in 1..42"
 
 # Distance from the centre column; nearer columns join more lines of four.
 _CENTRALITY = {column: abs(3 - column) for column in range(7)}
@@ -99,13 +99,36 @@ class SolverOpponent:
         return _most_central(best, rng)
 
 
+class NoisyOpponent:
+    """Plays a uniformly random column `percent`% of the time, else the inner opponent's move.
+
+    A curriculum step: against a strong scripted opponent a fresh agent never wins, so every game of a
+    GRPO group scores the same and there is nothing to learn from; some noise makes wins possible.
+    """
+
+    def __init__(self, inner: Opponent, percent: int) -> None:
+        self.inner = inner
+        self.percent = percent
+        self.name = f"{inner.name}:{percent}"
+
+    def choose(self, board: Board, rng: random.Random) -> int:
+        if self.percent and rng.random() * 100 < self.percent:
+            return rng.choice(_require_open(board))
+        return self.inner.choose(board, rng)
+
+
 def make_opponent(spec: str) -> Opponent:
-    """Build the opponent a config names: ``random``, ``heuristic``, ``solver`` or ``solver:D`` (D plies, 1..42)."""
+    """Build the opponent a config names: ``random``, ``heuristic``, ``heuristic:P`` (P% random moves),
+    ``solver`` or ``solver:D`` (D plies, 1..42)."""
     text = spec.strip().lower() if isinstance(spec, str) else ""
     if text == "random":
         return RandomOpponent()
     if text == "heuristic":
         return HeuristicOpponent()
+    if text.startswith("heuristic:"):
+        digits = text.removeprefix("heuristic:")
+        if digits.isascii() and digits.isdigit() and 0 <= int(digits) <= 100:
+            return NoisyOpponent(HeuristicOpponent(), int(digits))
     if text == "solver":
         return SolverOpponent(DEFAULT_SOLVER_DEPTH)
     if text.startswith("solver:"):

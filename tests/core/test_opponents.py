@@ -8,6 +8,8 @@ import pytest
 
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import (
+    ALLOWED_SPECS,
+    NoisyOpponent,
     DEFAULT_SOLVER_DEPTH,
     HeuristicOpponent,
     Opponent,
@@ -124,6 +126,8 @@ def test_deep_solver_opponent_plays_a_perfect_move() -> None:
         ("solver:1", SolverOpponent, "solver:1"),
         ("solver:42", SolverOpponent, "solver:42"),
         (" Solver:6 ", SolverOpponent, "solver:6"),
+        ("heuristic:30", NoisyOpponent, "heuristic:30"),
+        ("heuristic:0", NoisyOpponent, "heuristic:0"),
     ],
 )
 def test_make_opponent_parses_specs(spec: str, kind: type, name: str) -> None:
@@ -132,13 +136,23 @@ def test_make_opponent_parses_specs(spec: str, kind: type, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["", "minimax", "solver:0", "solver:43", "solver:", "solver:x", "solver:-1", "solver:²", "solver:4.5"]
+    "spec", ["", "minimax", "solver:0", "solver:43", "solver:", "solver:x", "solver:-1", "solver:²", "solver:4.5",
+             "heuristic:101", "heuristic:", "heuristic:-5", "heuristic:x"]
 )
 def test_make_opponent_rejects_unknown_specs(spec: str) -> None:
     with pytest.raises(ConfigError) as caught:
         make_opponent(spec)
     assert caught.value.field == "opponent"
-    assert caught.value.allowed == "random, heuristic, solver, solver:D with D in 1..42"
+    assert caught.value.allowed == ALLOWED_SPECS
+
+
+def test_noisy_heuristic_sits_between_random_and_heuristic() -> None:
+    heuristic, noisy, rand = HeuristicOpponent(), make_opponent("heuristic:50"), RandomOpponent()
+    pure = results(heuristic, heuristic, games=200, seed=5)[1]
+    vs_noisy = results(heuristic, noisy, games=200, seed=5)[1]
+    vs_random = results(heuristic, rand, games=200, seed=5)[1]
+    assert vs_random >= vs_noisy > pure  # the heuristic beats its noisy self more often than itself
+    assert results(heuristic, make_opponent("heuristic:0"), games=50, seed=1) == results(heuristic, heuristic, games=50, seed=1)
 
 
 def test_solver_opponent_refuses_a_bad_depth() -> None:

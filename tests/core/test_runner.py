@@ -97,3 +97,24 @@ def test_context_limit_ends_game(encoder: ChatEncoder) -> None:
     assert ep.result == "loss" and ep.end_reason == "context limit reached"
     assert len(ep.conversation) + 16 > 400
     assert len(ep.turn_context) == sum(m.player == "agent" for m in ep.moves), "unanswered turn not counted"
+
+
+def test_teacher_mistakes_are_context_not_targets_and_the_retry_recovers(encoder: ChatEncoder) -> None:
+    specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=HeuristicOpponent(), seed=i) for i in range(6)]
+    eps = play_episodes(specs, teacher_policy(HeuristicOpponent(), encoder, mistake_rate=1.0), encoder,
+                        limits=RunnerLimits())
+    mistakes = 0
+    for ep in eps:
+        assert ep.end_reason != "" and not ep.end_reason.startswith("invalid")  # every mistake was recovered
+        rec = ep.record()
+        answers = [m for m in rec["moves"] if m["player"] == "agent"]
+        for before, after in zip(answers, answers[1:]):
+            if before["column"] is None:
+                mistakes += 1
+                assert after["column"] is not None  # the retry is the teacher's real move
+        # tokens of wrong answers are masked out; each valid answer's tokens are targets
+        targets = sum(rec["action_mask"])
+        valid = sum(1 for m in answers if m["column"] is not None)
+        per_answer = len(encoder.tokenizer.encode(protocol.answer_text(3), add_special_tokens=False)) + 1
+        assert targets == valid * per_answer
+    assert mistakes > 0  # heuristic games fill the centre column, so mistakes did happen

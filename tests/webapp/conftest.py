@@ -29,7 +29,8 @@ def redis_url() -> Iterator[str]:
     settings.REDIS_URL = url
     settings.CELERY_BROKER_URL = url
     settings.CHANNEL_LAYERS = {"default": {**settings.CHANNEL_LAYERS["default"],
-                                           "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "hosts": [url]}}}
+                                           "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"],
+                                                      "hosts": [{"address": url, "socket_timeout": 30}]}}}
     yield url
     if local is not None:
         local.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import parse_qs
@@ -46,9 +47,18 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         self.last_sent = after
         await self.channel_layer.group_add(run_group(run_id), self.channel_name)
         await self.accept()
-        await self._send_stored(upto=None)
+        # The backlog may be long (a slow browser reading 40k events): send it from a task so the connect handler
+        # returns and the consumer keeps reading its channel; the lock keeps backlog and live events in order.
+        self.order = asyncio.Lock()
+        self.backlog = asyncio.create_task(self._send_backlog())
+
+    async def _send_backlog(self) -> None:
+        async with self.order:
+            await self._send_stored(upto=None)
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "backlog", None) is not None:
+            self.backlog.cancel()
         if self.run_id is not None:
             await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
 
@@ -66,7 +76,11 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
 
     async def run_events(self, message: dict[str, Any]) -> None:
         """A live batch from the worker (already stored in the database)."""
-        for envelope in message["events"]:
+        async with self.order:
+            await self._send_live(message["events"])
+
+    async def _send_live(self, events: list[dict[str, Any]]) -> None:
+        for envelope in events:
             seq = envelope["seq"]
             if seq <= self.last_sent:
                 continue

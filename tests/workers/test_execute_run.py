@@ -1,0 +1,147 @@
+"""The service end to end: REST submit -> Celery worker process (Redis broker) -> the core on a Ray head -> events in
+the database and live on the websocket; cancel reaches the running core. Real processes, nothing eager or in-memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tests.webapp.conftest import TINY_CONFIG
+from webapp.accounts.models import ApiToken
+from webapp.runs.models import Run, RunEvent
+from webapp.stack import Stack, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+FINISHED = {"succeeded", "failed", "cancelled"}
+
+
+def _database_url() -> str:
+    """The test database as a URL, for the worker process."""
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"  # NAME is absolute, so this is sqlite:////abs/path
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One Ray head for the module (its start costs seconds); workers reach it through RAY_ADDRESS."""
+    stack = Stack(log_dir=tmp_path_factory.mktemp("stack-logs"))
+    stack.start_ray_head(port=free_port(), dashboard_port=free_port(), num_cpus=4)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def worker(ray_head: Stack, redis_url: str, runs_dir: Any, transactional_db: None) -> Iterator[Stack]:
+    """A real Celery worker process on the test database and the test Redis."""
+    stack = Stack(env={**ray_head.env, "DATABASE_URL": _database_url(), "REDIS_URL": redis_url,
+                       "CELERY_BROKER_URL": redis_url, "EARL_RUNS_DIR": str(runs_dir), "EARL_CANCEL_POLL_S": "1"},
+                  log_dir=ray_head.log_dir)
+    stack.start_celery_worker(name=f"w{free_port()}")
+    yield stack
+    stack.stop()
+
+
+def _wait(predicate: Any, *, timeout_s: float, what: str, stack: Stack) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        dead = stack.first_dead()
+        assert dead is None, f"{dead} died; logs in {stack.log_dir}"
+        time.sleep(0.25)
+    pytest.fail(f"timed out waiting for {what}; logs in {stack.log_dir}")
+
+
+def _recorded(run_id: int) -> bool:
+    """The worker has written how the run ended (a summary, or failed with its error)."""
+    run = Run.objects.get(pk=run_id)
+    return run.summary != {} or run.status == "failed"
+
+
+class Viewer(threading.Thread):
+    """A websocket client of the run (through the ASGI app, on the Redis channel layer) collecting every frame."""
+
+    def __init__(self, run_id: int, key: str) -> None:
+        super().__init__(daemon=True)
+        self.run_id, self.key = run_id, key
+        self.frames: list[dict[str, Any]] = []
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._watch())
+
+    async def _watch(self) -> None:
+        from channels.testing import WebsocketCommunicator
+
+        from webapp.asgi import application
+
+        comm = WebsocketCommunicator(application, f"/ws/runs/{self.run_id}/?after=0",
+                                     headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"),
+                                              (b"authorization", f"Token {self.key}".encode())])
+        connected, _ = await comm.connect(timeout=10)
+        assert connected
+        self.connected.set()
+        while True:
+            frame = json.loads(await comm.receive_from(timeout=600))
+            self.frames.append(frame)
+            if frame["type"] == "run.status" and frame["data"]["status"] in FINISHED:
+                break
+        await comm.disconnect()
+
+
+def test_submitted_run_trains_on_ray_and_streams_every_event(worker: Stack, as_alice: Any, alice: Any) -> None:
+    config = {**TINY_CONFIG, "checkpoint_every": 1}
+    created = as_alice.post("/api/runs/", {"team": "ants", "name": "e2e", "config": config}, format="json")
+    assert created.status_code == 201, created.json()
+    run_id = created.json()["id"]
+    viewer = Viewer(run_id, ApiToken.issue(alice)[1])
+    viewer.start()
+    assert viewer.connected.wait(30)
+
+    _wait(lambda: _recorded(run_id), timeout_s=420, what="the run to finish", stack=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded", run.error
+    assert run.iterations_done == 2 and run.started_at and run.finished_at
+
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)) and run.last_seq == len(events)
+    assert [e.data["status"] for e in events if e.type == "run.status"] == ["queued", "starting", "running", "succeeded"]
+    assert [e.data["iteration"] for e in events if e.type == "metrics" and "rollout/win_rate" in e.data["values"]] == [0, 1]
+    assert any(e.type == "memory" for e in events)
+
+    viewer.join(60)
+    assert [f["seq"] for f in viewer.frames] == [e.seq for e in events]  # no gap, no duplicate, same order
+
+    games = as_alice.get(f"/api/runs/{run_id}/games/").json()["results"]
+    assert games and all(g["result"] in ("win", "loss", "draw") and g["transcript"] for g in games)
+    ckpts = as_alice.get(f"/api/runs/{run_id}/checkpoints/").json()
+    assert [c["iteration"] for c in ckpts] == [0, 1, 2] or [c["iteration"] for c in ckpts] == [1, 2]
+    download = as_alice.get(ckpts[-1]["download"])
+    assert download.status_code == 200 and download["Content-Type"] == "application/zip"
+    assert as_alice.post(f"/api/runs/{run_id}/cancel/").status_code == 409
+
+
+def test_cancel_stops_a_running_run_at_a_safe_point(worker: Stack, as_alice: Any) -> None:
+    config = {**TINY_CONFIG, "iterations": 500}
+    run_id = as_alice.post("/api/runs/", {"team": "ants", "config": config}, format="json").json()["id"]
+    _wait(lambda: Run.objects.get(pk=run_id).iterations_done >= 1, timeout_s=300, what="a first iteration",
+          stack=worker)
+    assert as_alice.post(f"/api/runs/{run_id}/cancel/").json()["status"] == "cancelling"
+    # the status event arrives first; the worker then records the core's summary
+    _wait(lambda: _recorded(run_id), timeout_s=120, what="the cancel", stack=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "cancelled" and run.iterations_done < 500
+    assert run.summary["last_checkpoint"]  # the core checkpoints when it stops
+    statuses = [e.data["status"] for e in RunEvent.objects.filter(run=run, type="run.status").order_by("seq")]
+    assert statuses[-1] == "cancelled"

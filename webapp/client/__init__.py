@@ -1,0 +1,1 @@
+"""`earl`: the command-line client of the EARL service (HTTP + websockets only; no Django in here)."""
