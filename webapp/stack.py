@@ -46,6 +46,14 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def database_url(db: dict[str, object]) -> str:
+    """A Django DATABASES entry as the DATABASE_URL a child process needs to reach the same database."""
+    if str(db["ENGINE"]).endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"  # NAME is absolute, so this is sqlite:////abs/path
+    auth = str(db["USER"]) + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
 @dataclass
 class Stack:
     """Child processes started in order and stopped in reverse; `env` is what every child sees."""

@@ -16,20 +16,11 @@ from django.db import connection
 from tests.webapp.conftest import TINY_CONFIG
 from webapp.accounts.models import ApiToken
 from webapp.runs.models import Run, RunEvent
-from webapp.stack import Stack, free_port
+from webapp.stack import Stack, database_url, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 FINISHED = {"succeeded", "failed", "cancelled"}
-
-
-def _database_url() -> str:
-    """The test database as a URL, for the worker process."""
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"  # NAME is absolute, so this is sqlite:////abs/path
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture
 def worker(ray_head: Stack, redis_url: str, runs_dir: Any, transactional_db: None) -> Iterator[Stack]:
     """A real Celery worker process on the test database and the test Redis."""
-    stack = Stack(env={**ray_head.env, "DATABASE_URL": _database_url(), "REDIS_URL": redis_url,
+    stack = Stack(env={**ray_head.env, "DATABASE_URL": database_url(connection.settings_dict), "REDIS_URL": redis_url,
                        "CELERY_BROKER_URL": redis_url, "EARL_RUNS_DIR": str(runs_dir), "EARL_CANCEL_POLL_S": "1"},
                   log_dir=ray_head.log_dir)
     stack.start_celery_worker(name=f"w{free_port()}")
