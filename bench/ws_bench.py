@@ -60,7 +60,9 @@ async def _viewer(url: str, key: str, expect: int, arrivals: list[tuple[int, flo
                   counter: list[int], total: int) -> None:
     from websockets.asyncio.client import connect
 
-    async with connect(url, additional_headers={"Authorization": f"Token {key}"}, max_queue=None) as ws:
+    origin = url.replace("ws://", "http://").split("/ws/")[0]  # Channels checks Origin against ALLOWED_HOSTS
+    async with connect(url, additional_headers={"Authorization": f"Token {key}"}, origin=origin,
+                       max_queue=None) as ws:
         counter[0] += 1
         if counter[0] == total:
             ready.set()

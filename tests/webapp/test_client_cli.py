@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import redis
 from channels.layers import channel_layers
-from channels.testing.live import make_application, set_database_connection
+from channels.testing.live import make_application
 from daphne.testing import DaphneProcess
+from django.db import connections
 
 from earl_core.events import Event, EventStream, Log, Metrics, RunStatus
 from tests.webapp.conftest import TINY_CONFIG
@@ -41,7 +42,8 @@ DEADLINE_S = 30.0
 # ---- a live service ----------------------------------------------------------------------------------
 
 def _in_server_process() -> None:
-    set_database_connection()
+    # The fork inherits settings that already name the test database (pytest-django set them); channels'
+    # set_database_connection() would prefix "test_" once more on PostgreSQL.
     # A fork inherits the test process's channel layer and with it its client prefix: two servers forked from one
     # parent would then take each other's messages from Redis. Each server builds its own.
     channel_layers.backends.clear()
@@ -49,6 +51,7 @@ def _in_server_process() -> None:
 
 def start_server(port: int = 0) -> DaphneProcess:
     """Daphne serving the ASGI app (HTTP + websockets) in a forked process that sees the test database."""
+    connections.close_all()  # a forked process must not share the parent's database sockets
     server = DaphneProcess("127.0.0.1", partial(make_application, static_wrapper=None), setup=_in_server_process,
                            port=port)
     server.start()
