@@ -59,7 +59,10 @@ def database_from_url(url: str, *, base_dir: str) -> dict[str, object]:
         if not path.startswith("/"):
             path = os.path.join(base_dir, path)
         # A longer lock wait: the web process and the worker write the same file.
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": {"timeout": 20}}
+        # IMMEDIATE: a transaction takes the write lock when it starts, so two writers wait for each other instead of
+        # one failing at once with "database is locked" (a cancel racing the event relay).
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path,
+                "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"}}
     if parts.scheme in ("postgres", "postgresql", "pgsql"):
         name = unquote(parts.path.lstrip("/"))
         if not name:

@@ -69,11 +69,13 @@ def start_local_redis(port: int | None = None, *, timeout_s: float = 15.0) -> Lo
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
             raise RuntimeError(f"redis-server exited with code {proc.returncode} on port {port}")
         if reachable(url, 0.2):
             return LocalRedis(url, proc, workdir)
         time.sleep(0.05)
     proc.kill()
+    shutil.rmtree(workdir, ignore_errors=True)
     raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s:.0f} s")
 
 

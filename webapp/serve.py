@@ -46,6 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     redis_url, local_redis = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    try:
+        return _serve(args, redis_url, started_redis=local_redis is not None)
+    finally:
+        if local_redis is not None:  # also when migrations or start-up fail
+            local_redis.stop()
+
+
+def _serve(args: argparse.Namespace, redis_url: str, *, started_redis: bool) -> int:
     os.environ["REDIS_URL"] = redis_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     os.environ.setdefault("EARL_SERVE_STATIC", "1")  # one machine, no separate static file server
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from webapp.stack import Stack
 
-    print(f"redis: {redis_url}" + (" (started here)" if local_redis else ""), flush=True)
+    print(f"redis: {redis_url}" + (" (started here)" if started_redis else ""), flush=True)
     call_command("migrate", interactive=False, verbosity=0)
     user, password = _demo_login(Path(settings.EARL_RUNS_DIR))
 
@@ -93,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping ...", flush=True)
         stack.stop()
-        if local_redis is not None:
-            local_redis.stop()
 
 
 if __name__ == "__main__":

@@ -64,10 +64,10 @@ class Stack:
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / f"{name}.log").open("ab")
         # A process group of its own, so stopping it also stops what it started (vLLM, raylets).
-        proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
@@ -114,7 +114,10 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                proc.wait(5)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    print(f"{name} (pid {proc.pid}) did not exit after SIGKILL")
         self.procs.clear()
 
     def first_dead(self) -> tuple[str, int] | None:

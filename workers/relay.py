@@ -37,10 +37,12 @@ class EventRelay:
             raise RuntimeError(f"event relay of run {self.run_id} failed: {self._error}") from self._error
         self._queue.put(envelope)
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Flush what is queued and stop the thread."""
+    def close(self, timeout: float = 600.0) -> None:
+        """Flush what is queued and stop the thread; an error if it cannot (events would be lost silently)."""
         self._queue.put(None)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"event relay of run {self.run_id} did not flush within {timeout:.0f} s")
         if self._error is not None:
             raise RuntimeError(f"event relay of run {self.run_id} failed: {self._error}") from self._error
 

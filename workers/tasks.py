@@ -21,6 +21,14 @@ from workers.relay import EventRelay
 log = logging.getLogger(__name__)
 
 
+def _announce_cluster_change() -> None:
+    """Best effort: viewers of the cluster page refresh; a Redis hiccup must not strand a run's state."""
+    try:
+        publish_cluster_change()
+    except Exception:
+        log.warning("could not publish a cluster change", exc_info=True)
+
+
 class CancelFlag:
     """`should_stop` for the core: reads the run's cancel flag from the database, at most once per poll interval."""
 
@@ -47,7 +55,7 @@ def _claim(run_id: int) -> Run | None:
         run.status = Run.Status.STARTING
         run.started_at = timezone.now()
         run.save(update_fields=["status", "started_at"])
-    publish_cluster_change()
+    _announce_cluster_change()
     return run
 
 
@@ -78,7 +86,7 @@ def _finish(run_id: int, summary: RunSummary | None, error: BaseException | None
         run.finished_at = run.finished_at or timezone.now()
         run.save(update_fields=["status", "summary", "iterations_done", "error", "finished_at"])
     sync_checkpoints(run)
-    publish_cluster_change()
+    _announce_cluster_change()
 
 
 @app.task(name="workers.execute_run")

@@ -78,8 +78,10 @@ class Board:
         raise AttributeError("Board is immutable; use drop() to get a new board")
 
     def __reduce__(self) -> tuple[Any, tuple[int, int, str, int]]:
-        # Default pickling restores slots through __setattr__, which is closed; Ray and copy need this path.
-        return (Board._make, (self._position, self._mask, self._moves, self._winner))
+        # Default pickling restores slots through __setattr__, which is closed; Ray and copy need this path. A plain
+        # function, not the bound classmethod: Twisted (loaded with the web stack) re-registers how bound methods
+        # pickle, and its version cannot find a classmethod again.
+        return (_restore_board, (self._position, self._mask, self._moves, self._winner))
 
     @classmethod
     def from_moves(cls, moves: str) -> Board:
@@ -205,3 +207,8 @@ class Board:
 
     def __repr__(self) -> str:
         return f"Board.from_moves({self._moves!r})"
+
+
+def _restore_board(position: int, mask: int, moves: str, winner: int) -> Board:
+    """Unpickling entry point of Board (see Board.__reduce__)."""
+    return Board._make(position, mask, moves, winner)

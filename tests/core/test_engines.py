@@ -62,7 +62,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model, tokenizer = load_policy(str(out))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        _train_briefly(model, tokenizer, steps=80)
+        _train_briefly(model, tokenizer, steps=160)
     model.save_pretrained(out)
     return out
 

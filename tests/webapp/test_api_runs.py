@@ -161,6 +161,30 @@ def test_cancel_queued_run_then_409(as_alice: APIClient) -> None:
     assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
 
 
+def test_viewers_cannot_cancel(as_alice: APIClient, as_bob: APIClient, bob: Any) -> None:
+    run_id = submit(as_alice).json()["id"]
+    Membership.objects.filter(user=bob).update(role="viewer")
+    assert as_bob.post(f"/api/runs/{run_id}/cancel/").status_code == 403
+    assert Run.objects.get(pk=run_id).status == "queued"
+
+
+@pytest.mark.parametrize("team", ["²", "٣", True, "99999999999999999999999"])
+def test_odd_team_values_are_field_errors(as_alice: APIClient, team: Any) -> None:
+    got = submit(as_alice, team=team)
+    assert got.status_code == 400 and "team" in fields(got)
+    assert "team" in fields(as_alice.get("/api/runs/", {"team": "²"}))
+
+
+def test_a_relative_path_into_the_runs_folder_is_not_a_hub_id(as_alice: APIClient, runs_dir: Any, tmp_path: Any,
+                                                              monkeypatch: Any) -> None:
+    ckpt = tmp_path / "runs" / "run-000007" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    got = submit(as_alice, config={**TINY_CONFIG, "model": {"path": "runs/run-000007"}})
+    assert got.status_code == 400 and "config.model.path" in fields(got)
+    assert submit(as_alice, config={**TINY_CONFIG, "model": {"path": "Qwen/Qwen2.5-0.5B"}}).status_code == 201
+
+
 def test_cancel_running_run_flags_it_for_the_worker(as_alice: APIClient) -> None:
     run_id = submit(as_alice).json()["id"]
     Run.objects.filter(pk=run_id).update(status="running")

@@ -276,7 +276,10 @@ def test_ctrl_c_stops_following_but_not_the_run(alice: Any, alice_run: int, live
     _, key = ApiToken.issue(alice)
     follow = subprocess.Popen([sys.executable, "-m", "webapp.client.cli", "runs", "events", str(alice_run), "--follow"],
                               cwd=REPO, env={**os.environ, "EARL_URL": live_url, "EARL_TOKEN": key},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              # A suite started in the background (nohup ... &) inherits SIGINT ignored; a person at
+                              # a terminal has it at its default, which is what this test is about.
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: viewers(redis_url, alice_run) >= 1, "the follower's websocket")
         follow.send_signal(signal.SIGINT)

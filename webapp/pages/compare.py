@@ -31,7 +31,7 @@ def parse_run_ids(values: list[str]) -> list[int]:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit():
+            if not (part.isascii() and part.isdecimal()) or len(part) > 18:
                 raise CompareError(f"{part[:20]!r} is not a run id; give run numbers like ?runs=12,15", status=400)
             if int(part) not in ids:
                 ids.append(int(part))

@@ -13,6 +13,7 @@ from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,7 +23,7 @@ from webapp.api_errors import Conflict, FieldErrors
 from webapp.runs.models import Run, RunEvent
 from webapp.runs.serializers import (CheckpointSerializer, CloneSerializer, GameSerializer, RunCreateSerializer,
                                      RunSerializer, team_for, validated)
-from webapp.runs.services import StateConflict, clone_run, request_cancel, submit_run, sync_checkpoints, visible_runs
+from webapp.runs.services import StateConflict, membership, clone_run, request_cancel, submit_run, sync_checkpoints, visible_runs
 
 MAX_EVENTS_PAGE = 1000
 
@@ -92,8 +93,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @extend_schema(request=None, responses={200: RunSerializer, 409: None})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
+        run = self.get_object()
+        member = membership(request.user, run.team)
+        if member is None or not member.can_launch:
+            raise PermissionDenied("viewers watch runs; cancelling needs the admin or member role in the run's team")
         try:
-            run = request_cancel(self.get_object())
+            run = request_cancel(run)
         except StateConflict as exc:
             raise Conflict(str(exc)) from exc
         return Response(RunSerializer(run).data)

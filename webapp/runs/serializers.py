@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,8 +39,10 @@ def team_for(user: Any, value: Any) -> Team:
     """The team named by id or slug among the user's teams; a field error listing them otherwise."""
     mine = Team.objects.filter(memberships__user=user).distinct()
     team = None
-    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
-        team = mine.filter(pk=int(value)).first()
+    if isinstance(value, bool):
+        team = None
+    elif isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdecimal()):
+        team = mine.filter(pk=int(value)).first() if int(value) < 2**63 else None
     elif isinstance(value, str):
         team = mine.filter(slug=value).first()
     if team is None:
@@ -62,10 +65,17 @@ def service_config_errors(config: Any) -> list[dict[str, Any]]:
     return errors
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
 def _allowed_model_path(path: str) -> bool:
-    """Local paths only from the shared models folder (a run must not read another team's files)."""
-    if not path.startswith(("/", ".", "~")) and ".." not in PurePosixPath(path).parts:
-        return True  # a hub id: loaded from the hub or the local cache, not from an arbitrary folder
+    """Local paths only from the shared models folder (a run must not read another team's files).
+
+    A hub id ("org/name") is allowed only when no such folder exists relative to the worker's working folder:
+    from_pretrained would load that folder first (runs/service/run-000007 would pass for a hub id).
+    """
+    if _HUB_ID.match(path) and not Path(path).exists() and ".." not in PurePosixPath(path).parts:
+        return True
     root = settings.EARL_MODELS_DIR.resolve()
     try:
         return Path(path).expanduser().resolve().is_relative_to(root)

@@ -54,9 +54,11 @@ def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], prio
                                  resources=resources or {}, cloned_from=cloned_from)
         envelope = _store_status_event(run, Run.Status.QUEUED, "waiting for a worker")
         # The worker must find the committed row; and nothing is queued for a rolled-back one.
-        transaction.on_commit(lambda: enqueue_run(run.pk))
-        transaction.on_commit(lambda: publish_events(run.pk, [envelope]))
-        transaction.on_commit(publish_cluster_change)
+        # robust: a broker or Redis hiccup is logged, never a 500 for a run that is already stored (a queued run
+        # with no task is picked up again by the sweeper of the reliability issue).
+        transaction.on_commit(lambda: enqueue_run(run.pk), robust=True)
+        transaction.on_commit(lambda: publish_events(run.pk, [envelope]), robust=True)
+        transaction.on_commit(publish_cluster_change, robust=True)
     return run
 
 
@@ -74,12 +76,12 @@ def request_cancel(run: Run) -> Run:
             run.cancel_requested = True
             run.save(update_fields=["status", "finished_at", "cancel_requested"])
             envelope = _store_status_event(run, Run.Status.CANCELLED, "cancelled before it started")
-            transaction.on_commit(lambda: publish_events(run.pk, [envelope]))
+            transaction.on_commit(lambda: publish_events(run.pk, [envelope]), robust=True)
         else:
             run.status = Run.Status.CANCELLING
             run.cancel_requested = True
             run.save(update_fields=["status", "cancel_requested"])
-        transaction.on_commit(publish_cluster_change)
+        transaction.on_commit(publish_cluster_change, robust=True)
     return run
 
 
@@ -119,6 +121,8 @@ def store_events(run_id: int, envelopes: list[dict[str, Any]]) -> list[dict[str,
 def _apply(run: Run, envelope: dict[str, Any]) -> set[str]:
     data = envelope["data"]
     if envelope["type"] == "metrics":
+        if any(key.startswith("sft/") for key in data.get("values", {})):
+            return set()  # warm-start epochs are not RL iterations
         run.iterations_done = max(run.iterations_done, int(data["iteration"]) + 1)
         return {"iterations_done"}
     if envelope["type"] != "run.status" or data.get("status") not in _STATUS_FROM_CORE:
