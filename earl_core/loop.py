@@ -161,7 +161,10 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             trainer.load_optimizer(str(checkpoint))
         warm = cfg.sft.enabled and checkpoint is None
         if warm:
-            _warm_start(cfg, trainer, base, stream)
+            if not _warm_start(cfg, trainer, base, stream, should_stop=should_stop):
+                # No checkpoint 0: half a warm start is not the starting point; a resume does it again.
+                stream.emit(ev.RunStatus("cancelled", "stopped during the warm start"))
+                return RunSummary("cancelled", 0, None, {}, str(run_dir))
             # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
             # what --resume restarts from without repeating the warm start.
             last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
@@ -247,8 +250,10 @@ def _checkpoint(cfg: RunConfig, trainer: TrainerGroup, iteration: int, baseline:
     return trainer.save(str(path), {"iteration": iteration, "baseline": baseline.value, "config": cfg.to_dict()})
 
 
-def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream) -> None:
-    """Imitate a teacher's moves (SFT on whole conversations) before RL."""
+def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream, *,
+                should_stop: Callable[[], bool]) -> bool:
+    """Imitate a teacher's moves (SFT on whole conversations) before RL; False when a stop request ended it
+    between two steps."""
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
     teacher = make_opponent(cfg.sft.teacher)
     opponents = opponent_list(cfg.sft.opponents, "sft.opponents")
@@ -269,7 +274,11 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
             chunk = [records[i] for i in order[start : start + cfg.sft.batch]]
             if len(chunk) < cfg.trainer_workers:  # every rank needs at least one game
                 continue
+            if should_stop():
+                stream.emit(ev.Log("info", f"warm start stopped by request in epoch {epoch + 1}"))
+                return False
             losses.append(trainer.sft_step(chunk, cfg.sft.lr)["sft/loss"])
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
                                       "sft/steps": float(len(losses))})
     trainer.reset_optimizer()
+    return True

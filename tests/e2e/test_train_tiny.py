@@ -111,3 +111,20 @@ def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
     assert summary.status == "cancelled" and summary.iterations_done == 1
     assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "cancelled"
     assert summary.last_checkpoint and Path(summary.last_checkpoint, "model.safetensors").exists()
+
+
+def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session: str, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, iterations=5, trainer_workers=1,
+                  sft={"enabled": True, "games": 16, "epochs": 3, "batch": 4})
+    calls = {"n": 0}
+
+    def stop_after_two_steps() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    got: list[dict] = []
+    summary = train(cfg, got.append, should_stop=stop_after_two_steps)
+    assert summary.status == "cancelled" and summary.iterations_done == 0 and summary.last_checkpoint is None
+    assert [e["data"]["status"] for e in got if e["type"] == "run.status"] == ["starting", "cancelled"]
+    assert not any(e["type"] == "metrics" for e in got)  # stopped inside the first epoch
+    assert not (cfg.run_dir / "checkpoints" / "iter_000000").exists()  # half a warm start is no starting point
