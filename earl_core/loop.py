@@ -22,6 +22,7 @@ from earl_core import events as ev
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
+from earl_core.checkpoints import STATE_FILE, complete_checkpoints
 from earl_core.config import RunConfig, opponent_list
 from earl_core.env.opponents import make_opponent
 from earl_core.evaluate import run_limits
@@ -57,9 +58,8 @@ def base_model_dir(cfg: RunConfig) -> str:
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The complete checkpoint with the highest iteration number (half-written ones end in .tmp)."""
-    ckpts = [p for p in (run_dir / "checkpoints").glob("iter_*")
-             if p.name[5:].isdigit() and (p / "earl_state.json").exists()]
-    return max(ckpts, key=lambda p: int(p.name[5:])) if ckpts else None
+    ckpts = complete_checkpoints(run_dir)
+    return ckpts[-1][1] if ckpts else None
 
 
 def _last_seq(events_path: Path) -> int:
@@ -138,7 +138,7 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
     start_iter, init_dir, baseline_value = 0, base, None
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:
-        state = json.loads((checkpoint / "earl_state.json").read_text())
+        state = json.loads((checkpoint / STATE_FILE).read_text())
         start_iter, init_dir, baseline_value = state["iteration"], str(checkpoint), state.get("baseline")
         stream.emit(ev.Log("info", f"resuming from {checkpoint} at iteration {start_iter}"))
     metrics_path = run_dir / "metrics.jsonl"

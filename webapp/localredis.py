@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
+
+from webapp.stack import free_port
 
 
 def reachable(url: str, timeout_s: float = 1.0) -> bool:
@@ -34,12 +35,6 @@ def redis_server_binary() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class LocalRedis:
     """A redis-server child process on loopback, persisting nothing; stop() ends it."""
@@ -58,7 +53,7 @@ class LocalRedis:
 
 
 def start_local_redis(port: int | None = None, *, timeout_s: float = 15.0) -> LocalRedis:
-    port = port or _free_port()
+    port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="earl-redis-")
     proc = subprocess.Popen(
         [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from earl_core import events as ev
 from earl_core.loop import RunSummary, latest_checkpoint, train
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Run
@@ -61,13 +62,10 @@ def _claim(run_id: int) -> Run | None:
 
 def _fail_before_start(run: Run, exc: BaseException) -> None:
     """The core never started (bad stored config, say): record failed + an error event in the run's stream."""
-    now = timezone.now().isoformat().replace("+00:00", "Z")
-    seq = Run.objects.get(pk=run.pk).last_seq
-    events = [
-        {"v": 1, "run": run.pk, "seq": seq + 1, "ts": now, "type": "error",
-         "data": {"message": str(exc), "kind": type(exc).__name__, "traceback": traceback.format_exc()}},
-        {"v": 1, "run": run.pk, "seq": seq + 2, "ts": now, "type": "run.status", "data": {"status": "failed", "message": str(exc)}},
-    ]
+    events: list[dict[str, Any]] = []
+    stream = ev.EventStream(run.pk, events.append, start_seq=Run.objects.get(pk=run.pk).last_seq)
+    stream.emit(ev.Error(message=str(exc), kind=type(exc).__name__, traceback=traceback.format_exc()))
+    stream.emit(ev.RunStatus("failed", str(exc)))
     publish_events(run.pk, store_events(run.pk, events))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from earl_core.checkpoints import STATE_FILE
 from earl_core.config import AlgoConfig
 from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
@@ -187,7 +188,7 @@ class Learner:
         if generation_config.exists() and not (tmp / "generation_config.json").exists():
             shutil.copy2(generation_config, tmp / "generation_config.json")
         torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, tmp / "trainer_state.pt")
-        (tmp / "earl_state.json").write_text(json.dumps(extra or {}, indent=2))
+        (tmp / STATE_FILE).write_text(json.dumps(extra or {}, indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from earl_core.events import ENVELOPE_VERSION
 from webapp.accounts.models import Team
 
 CONFIG_SCHEMA_VERSION = 1
@@ -82,7 +83,7 @@ class RunEvent(models.Model):
 
     def envelope(self) -> dict:
         """The event as it travels to browsers (the same envelope the core emits)."""
-        return {"v": 1, "run": self.run_id, "seq": self.seq, "ts": self.ts.isoformat().replace("+00:00", "Z"),
+        return {"v": ENVELOPE_VERSION, "run": self.run_id, "seq": self.seq, "ts": self.ts.isoformat().replace("+00:00", "Z"),
                 "type": self.type, "data": self.data}
 
 

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
+from earl_core.checkpoints import complete_checkpoints
 from earl_core.config import RunConfig
 from webapp.accounts.models import Membership, Team
 from webapp.queue import enqueue_run
@@ -164,13 +165,10 @@ def _store_games(run: Run, envelopes: list[dict[str, Any]]) -> None:
 
 def sync_checkpoints(run: Run) -> list[Checkpoint]:
     """Record the complete checkpoint folders the run has written (half-written ones end in .tmp)."""
-    root = run.run_dir / "checkpoints"
     found = []
-    if root.is_dir():
-        for path in sorted(root.glob("iter_*")):
-            if path.name[5:].isdigit() and (path / "earl_state.json").exists():
-                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-                ckpt, _ = Checkpoint.objects.update_or_create(
-                    run=run, iteration=int(path.name[5:]), defaults={"path": str(path), "size_bytes": size})
-                found.append(ckpt)
+    for iteration, path in complete_checkpoints(run.run_dir):
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        ckpt, _ = Checkpoint.objects.update_or_create(
+            run=run, iteration=iteration, defaults={"path": str(path), "size_bytes": size})
+        found.append(ckpt)
     return found
