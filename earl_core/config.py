@@ -201,6 +201,55 @@ class SFTConfig:
         _check_range("sft.mistake_rate", self.mistake_rate, 0.0, 1.0)
 
 
+def _int_list(name: str, value: Any, lo: int, hi: int) -> list[int]:
+    """A comma-separated list of whole numbers in lo..hi (what list-valued fields are written as)."""
+    allowed = f"comma-separated whole numbers in {lo}..{hi}, e.g. 1,2,4"
+    parts = [v.strip() for v in value.split(",")] if isinstance(value, str) else []
+    if not parts or not all(p.isascii() and p.isdigit() and lo <= int(p) <= hi for p in parts):
+        raise ConfigError(name, f"cannot read {value!r}", allowed=allowed)
+    return sorted({int(p) for p in parts})
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    """Parallel layouts of the experience and train stages: fixed, or re-picked by the Parallelism Selector."""
+
+    mode: str = "static"
+    """static: algo.micro_batch for every stage, no profiling; auto: profile the candidate layouts at start-up,
+    then before each iteration keep or switch each stage's layout for the context lengths being seen."""
+    memory_budget_gib: float = 0.0
+    """Memory budget per trainer worker in GiB (0 = none). No layout predicted over it is chosen; a measured
+    peak over it is an error event."""
+    micro_batches: str = "1,2,4,8,16"
+    """Candidate micro-batch sizes (sequences per forward pass)."""
+    profile_contexts: str = "256,1024,4096"
+    """Context lengths (tokens) each candidate is profiled at in auto mode; others are predicted from a fit."""
+    hysteresis: float = 0.05
+    """A running layout is only left for one predicted at least this much faster (relative)."""
+    horizon: int = 5
+    """Coming iterations over which a switch must pay back its cost."""
+
+    def __post_init__(self) -> None:
+        _check_choice("parallelism.mode", self.mode, ("static", "auto"))
+        _check_range("parallelism.memory_budget_gib", self.memory_budget_gib, 0.0, 1e6)
+        _int_list("parallelism.micro_batches", self.micro_batches, 1, 4096)
+        _int_list("parallelism.profile_contexts", self.profile_contexts, 16, 1 << 20)
+        _check_range("parallelism.hysteresis", self.hysteresis, 0.0, 10.0)
+        _check_range("parallelism.horizon", self.horizon, 1, 1_000_000)
+
+    @property
+    def micro_batch_list(self) -> list[int]:
+        return _int_list("parallelism.micro_batches", self.micro_batches, 1, 4096)
+
+    @property
+    def context_list(self) -> list[int]:
+        return _int_list("parallelism.profile_contexts", self.profile_contexts, 16, 1 << 20)
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return int(self.memory_budget_gib * (1 << 30)) if self.memory_budget_gib > 0 else None
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """A whole training run."""
@@ -227,6 +276,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", self.name):

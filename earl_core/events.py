@@ -41,6 +41,7 @@ class SelectorDecision(Event):
     reason: str
     switched: bool
     candidates: list[dict[str, Any]] = field(default_factory=list)  # predicted throughput/memory per layout
+    iteration: int | None = None  # the iteration the layout is chosen for (None: before the first)
 
 
 @dataclass(frozen=True)

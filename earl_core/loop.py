@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 import yaml
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from earl_core import events as ev
 from earl_core.agent.chat import ChatEncoder
@@ -28,6 +28,8 @@ from earl_core.env.opponents import make_opponent
 from earl_core.evaluate import run_limits
 from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
+from earl_core.parallel.memory import ModelShape
+from earl_core.parallel.planner import LayoutPlanner
 from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline, grpo_advantages
@@ -168,6 +170,9 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
             # what --resume restarts from without repeating the warm start.
             last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
+        planner = LayoutPlanner(cfg.parallelism, shape=ModelShape.from_hf_config(_hf_config(init_dir)),
+                                workers=cfg.trainer_workers, default_micro_batch=cfg.algo.micro_batch, emit=stream.emit)
+        planner.start(trainer)
         rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts,
                                num_gpus=gpus)
         cleanup.callback(rollout.close)
@@ -180,7 +185,7 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
                 last_ckpt = _checkpoint(cfg, trainer, it, baseline)
                 stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
                 return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
-            values = _iteration(cfg, it, rollout, trainer, baseline, stream)
+            values = _iteration(cfg, it, rollout, trainer, baseline, stream, planner)
             with metrics_path.open("a") as fh:
                 fh.write(json.dumps({"iteration": it, **values}) + "\n")
             if (it + 1) % cfg.checkpoint_every == 0:
@@ -193,8 +198,12 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
     return RunSummary("succeeded", done, last_ckpt, values, str(run_dir))
 
 
+def _hf_config(model_dir: str) -> dict[str, Any]:
+    return AutoConfig.from_pretrained(model_dir).to_dict()
+
+
 def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,
-               stream: ev.EventStream) -> dict[str, float]:
+               stream: ev.EventStream, planner: LayoutPlanner) -> dict[str, float]:
     t0 = time.perf_counter()
     sampling = {"max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
                 "top_p": cfg.rollout.top_p, "seed": cfg.seed + it}
@@ -206,8 +215,10 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
         adv = grpo_advantages(rewards, [r["group"] for r in records], normalize_std=cfg.algo.normalize_std)
     else:
         adv = baseline.advantages(rewards)
+    planner.before_iteration(it, records, cfg.iterations - it, trainer)
     t1 = time.perf_counter()
     train_metrics = trainer.rl_step(records, adv.tolist())
+    train_metrics.update(planner.after_iteration(train_metrics, records))
     t2 = time.perf_counter()
     sync_s = rollout.load_weights(trainer.weights())
     t3 = time.perf_counter()
@@ -223,7 +234,8 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
         "perf/train_step_s": t2 - t1,
     }
     _emit_metrics(stream, it, values)
-    stream.emit(ev.MemoryReading(iteration=it, workers=rollout.memory() + trainer.memory()))
+    trainers = [{**w, "budget": cfg.parallelism.budget_bytes} for w in trainer.memory()]
+    stream.emit(ev.MemoryReading(iteration=it, workers=rollout.memory() + trainers))
     _emit_sample_game(stream, it, records[0])
     return values
 

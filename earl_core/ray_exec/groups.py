@@ -93,9 +93,17 @@ class TrainerGroup:
                    for a, idx in zip(self.actors, shares)]
         results = ray.get(futures)
         out = dict(results[0])  # losses are already global (reduced); times: the slowest rank
-        for key in ("perf/experience_s", "perf/train_s"):
+        for key in ("perf/experience_s", "perf/train_s", "memory/experience_peak_bytes", "memory/train_peak_bytes"):
             out[key] = max(r[key] for r in results)
         return out
+
+    def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
+        """Apply a stage layout's micro-batch (and activation checkpointing) on every rank."""
+        ray.get([a.set_layout.remote(stage, micro_batch, checkpointing) for a in self.actors])
+
+    def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False) -> dict[str, float]:
+        """One rank's time and peak memory for one micro-batch (ranks of a DP group do the same work)."""
+        return ray.get(self.actors[0].profile.remote(stage, micro_batch, context, checkpointing))
 
     def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
         shares = split_by_tokens(records, len(self.actors))

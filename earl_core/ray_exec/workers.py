@@ -19,6 +19,7 @@ from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_e
 from earl_core.config import AlgoConfig
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
+from earl_core.parallel.probe import PeakMemory
 from earl_core.ray_exec.memory import memory_reading
 from earl_core.rl.learner import Learner
 
@@ -120,11 +121,23 @@ class TrainerWorker:
     def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float]:
         assert self.learner is not None
         start = time.perf_counter()
-        batch = self.learner.prepare(records, advantages)
+        with PeakMemory() as experience_peak:
+            batch = self.learner.prepare(records, advantages)
         prepared = time.perf_counter()
-        metrics = self.learner.rl_step(batch)
+        with PeakMemory() as train_peak:
+            metrics = self.learner.rl_step(batch)
         end = time.perf_counter()
-        return {**metrics, "perf/experience_s": prepared - start, "perf/train_s": end - prepared}
+        return {**metrics, "perf/experience_s": prepared - start, "perf/train_s": end - prepared,
+                "memory/experience_peak_bytes": float(experience_peak.bytes),
+                "memory/train_peak_bytes": float(train_peak.bytes)}
+
+    def set_layout(self, stage: str, micro_batch: int, checkpointing: bool) -> None:
+        assert self.learner is not None
+        self.learner.set_layout(stage, micro_batch, checkpointing)
+
+    def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool) -> dict[str, float]:
+        assert self.learner is not None
+        return self.learner.profile(stage, micro_batch, context, checkpointing=checkpointing)
 
     def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
         assert self.learner is not None

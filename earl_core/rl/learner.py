@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from earl_core.checkpoints import STATE_FILE
 from earl_core.config import AlgoConfig
+from earl_core.parallel.probe import PeakMemory
 from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
@@ -58,6 +60,10 @@ class Learner:
             self.reference.to(self.device).eval().requires_grad_(False)
         self._reduce = reduce
         self.steps = 0
+        # Layout knobs the Parallelism Selector may change between iterations (start from the config).
+        self.train_micro_batch = algo.micro_batch
+        self.experience_micro_batch = algo.micro_batch
+        self.checkpointing = False
 
     # ---- forward passes -------------------------------------------------------------------------
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
@@ -71,7 +77,7 @@ class Learner:
     def _fill(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the whole batch under `model`, computed micro-batch by micro-batch."""
         out = torch.zeros_like(batch.action_mask)
-        for idx in micro_batch_indices(batch, self.algo.micro_batch):
+        for idx in micro_batch_indices(batch, self.experience_micro_batch):
             lp = self._logprobs(model, batch.slice(idx)).cpu()
             out[idx, : lp.shape[1]] = lp
         return out
@@ -95,7 +101,7 @@ class Learner:
         for _ in range(self.algo.epochs):
             sums = torch.zeros(5, dtype=torch.float64)  # policy, kl, clipped, ratio, tokens
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(batch, self.algo.micro_batch):
+            for mb in micro_batches(batch, self.train_micro_batch):
                 mask = mb.action_mask.to(self.device)
                 if float(mask.sum()) == 0:
                     continue
@@ -150,7 +156,7 @@ class Learner:
         batch = pack(records, torch.zeros(len(records)), pad_id=self.pad_id)
         sums = torch.zeros(5, dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(batch, self.algo.micro_batch):
+        for mb in micro_batches(batch, self.train_micro_batch):
             mask = mb.action_mask.to(self.device)
             nll = -(self._logprobs(self.model, mb) * mask).sum()
             nll.backward()
@@ -158,6 +164,53 @@ class Learner:
             sums[4] += mask.sum().item()
         grad_norm = self._apply_gradients(sums)
         return {"sft/loss": sums[0].item() / max(sums[4].item(), 1.0), "sft/grad_norm": grad_norm}
+
+    # ---- layouts (Parallelism Selector) ---------------------------------------------------------
+    def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
+        """Micro-batch of the experience or train stage; for training also activation checkpointing."""
+        if stage == "experience":
+            self.experience_micro_batch = micro_batch
+            return
+        if stage != "train":
+            raise ValueError(f"the learner runs the experience and train stages, not {stage!r}")
+        self.train_micro_batch = micro_batch
+        if checkpointing != self.checkpointing:
+            if checkpointing:
+                # Non-reentrant checkpointing works with inputs that need no grad (token ids).
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_disable()
+            self.checkpointing = checkpointing
+
+    def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False, *,
+                seed: int = 0) -> dict[str, float]:
+        """Time and peak memory of one micro-batch of ``micro_batch`` x ``context`` random tokens.
+
+        Train: forward and backward (gradients discarded, weights and optimizer untouched); experience: a
+        forward pass without gradients. Tokens per second count every position processed.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, int(self.model.config.vocab_size), (micro_batch, context), generator=gen)
+        batch = TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           action_mask=torch.ones((micro_batch, context - 1)), advantages=torch.zeros(micro_batch))
+        previous = (self.train_micro_batch, self.checkpointing)
+        if stage == "train":
+            self.set_layout("train", micro_batch, checkpointing)
+        start = time.perf_counter()
+        with PeakMemory() as peak:
+            if stage == "train":
+                loss = -(self._logprobs(self.model, batch) * batch.action_mask.to(self.device)).mean()
+                loss.backward()
+                self.model.zero_grad(set_to_none=True)
+                del loss
+            else:
+                with torch.no_grad():
+                    self._logprobs(self.model, batch)
+        seconds = time.perf_counter() - start
+        if stage == "train":
+            self.set_layout("train", *previous)
+        return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
+                "peak_bytes": float(peak.bytes)}
 
     def reset_lr(self) -> None:
         for group in self.optimizer.param_groups:

@@ -18,6 +18,8 @@ export const RUN_CHARTS = [
   { name: "context_turns", title: "Context length per turn (mean)", optional: true,
     match: (k) => /^context\/turn_?\d+_mean$/.test(k) },
   { name: "memory", title: "Memory per worker (GiB) vs budget", yTitle: "GiB" },
+  { name: "layouts", title: "Selector: micro-batch per stage (a step = a switch)", optional: true,
+    match: (k) => /^selector\/.*_micro_batch$/.test(k) },
   { name: "optimizer", title: "Optimizer", optional: true,
     match: (k) => ["losses/clip_frac", "losses/ratio_mean", "losses/grad_norm"].includes(k) },
   { name: "timing", title: "Stage times (s)", optional: true, match: (k) => /^perf\/.*_s$/.test(k) && !PERF_RATE.test(k) },

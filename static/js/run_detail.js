@@ -49,6 +49,15 @@ function showDecision(d) {
   }
   tr.replaceChildren(el("td", {}, d.stage), el("td", {}, layoutText(d.new_layout)),
     el("td", {}, d.switched ? `yes (was ${layoutText(d.old_layout)})` : "no"), el("td", {}, d.reason || ""));
+  if (d.switched || !d.old_layout) {
+    // The history keeps every switch (and each stage's first choice) with its reason; kept layouts only
+    // update the row above.
+    $("selector-history").tBodies[0].append(el("tr", {},
+      el("td", {}, d.iteration ?? "start"), el("td", {}, d.stage),
+      el("td", {}, `${d.old_layout ? d.old_layout.key || layoutText(d.old_layout) : "—"} → ${d.new_layout.key || layoutText(d.new_layout)}`),
+      el("td", {}, d.reason || "")));
+    $("selector-history").hidden = false;
+  }
 }
 
 function showMemory(workers) {

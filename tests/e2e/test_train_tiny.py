@@ -128,3 +128,48 @@ def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session:
     assert [e["data"]["status"] for e in got if e["type"] == "run.status"] == ["starting", "cancelled"]
     assert not any(e["type"] == "metrics" for e in got)  # stopped inside the first epoch
     assert not (cfg.run_dir / "checkpoints" / "iter_000000").exists()  # half a warm start is no starting point
+
+
+def _selector_config(tmp_path: Path, name: str, **parallelism: object) -> RunConfig:
+    return _config(tmp_path, name=name, trainer_workers=1, sft={"enabled": False},
+                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6},
+                   parallelism={"micro_batches": "1,4", "profile_contexts": "64,256", **parallelism})
+
+
+def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_path: Path) -> None:
+    got: list[dict] = []
+    summary = train(_selector_config(tmp_path, "auto", mode="auto", memory_budget_gib=64), got.append)
+    assert summary.status == "succeeded"
+    validator = jsonschema.Draft202012Validator(ev.load_schema())
+    decisions = [e["data"] for e in got if e["type"] == "selector.decision"]
+    for e in got:
+        validator.validate(e)
+    # One decision per learner stage per iteration, each ranking the profiled candidates with predictions.
+    assert [d["stage"] for d in decisions] == ["experience", "train"] * 2
+    train_keys = {c["layout"] for c in decisions[1]["candidates"]}
+    assert train_keys == {"tp1.dp1.mb1", "tp1.dp1.mb4", "tp1.dp1.mb1+ckpt", "tp1.dp1.mb4+ckpt"}
+    assert all(c["fits"] and c["tokens_per_s"] > 0 and c["memory_bytes"] > 0 for c in decisions[1]["candidates"])
+    assert any(e["type"] == "log" and e["data"]["message"].startswith("selector: profiled 12 ") for e in got)
+    chosen = [m["values"]["selector/train_micro_batch"] for m in (e["data"] for e in got if e["type"] == "metrics")
+              if "selector/train_micro_batch" in m["values"]]
+    assert len(chosen) == 2 and all(mb in (1.0, 4.0) for mb in chosen)
+    assert not any(e["type"] == "error" for e in got)
+
+
+def test_measured_peaks_over_budget_are_errors_and_auto_refuses_to_run_over_it(ray_session: str, tmp_path: Path) -> None:
+    # A trainer process holds far more than 50 MiB (Python, torch, the model): static mode runs anyway and
+    # reports every measured peak over the budget as an error event, like an OOM ...
+    got: list[dict] = []
+    summary = train(_selector_config(tmp_path, "static", memory_budget_gib=0.05), got.append)
+    assert summary.status == "succeeded"
+    over = [e["data"] for e in got if e["type"] == "error"]
+    assert over and all(d["kind"] == "MemoryBudgetExceeded" and "over the budget of 0.05 GiB" in d["message"]
+                        for d in over)
+    static = [e["data"] for e in got if e["type"] == "selector.decision"]
+    assert [d["new_layout"]["key"] for d in static] == ["tp1.dp1.mb4", "tp1.dp1.mb4"]
+    # ... while the selector, once calibrated against those measurements, chooses nothing over the budget.
+    got = []
+    with pytest.raises(Exception, match="no layout fits the budget of 0.05 GiB"):
+        train(_selector_config(tmp_path, "guarded", mode="auto", memory_budget_gib=0.05), got.append)
+    assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "failed"
+    assert not any(e["type"] == "selector.decision" for e in got)

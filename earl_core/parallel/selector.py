@@ -1,0 +1,168 @@
+"""Parallelism Selector: before a stage runs, keep or switch its layout for the coming work.
+
+Never a layout predicted not to fit the memory budget (at the longest context coming); among those that fit, the
+fastest predicted one — but a running layout is only left when the new one is faster by more than the hysteresis
+margin *and* the time it saves over the coming iterations beats the cost of switching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from earl_core.errors import EarlError
+from earl_core.parallel.cost import CostModel
+from earl_core.parallel.layout import Layout
+from earl_core.parallel.memory import GIB, MemoryModel, Work
+
+SwitchCost = Callable[[Layout, Layout], float]
+"""Seconds a switch from the first layout to the second costs (resharding weights, rebuilding engines)."""
+
+
+class NoLayoutFits(EarlError):
+    """Every candidate layout is predicted to exceed the memory budget for the coming work."""
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The work the stage is about to do, from the context lengths the run is seeing now."""
+
+    context_mean: float
+    """Mean tokens per sequence (throughput is predicted here)."""
+    context_max: int
+    """Longest sequence expected (memory is checked here)."""
+    sequences: int
+    """Sequences per stage invocation."""
+    iterations_left: int = 1
+    """Iterations the choice is expected to serve (caps the horizon over which a switch must pay off)."""
+
+    @property
+    def tokens(self) -> float:
+        return self.context_mean * self.sequences
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout's predictions for the coming work."""
+
+    layout: Layout
+    tokens_per_s: float
+    stage_seconds: float
+    memory_bytes: int
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout.key, "tokens_per_s": round(self.tokens_per_s, 3),
+                "tokens_per_s_per_worker": round(self.tokens_per_s / self.layout.workers, 3),
+                "stage_seconds": round(self.stage_seconds, 6), "memory_bytes": self.memory_bytes, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the selector chose for a stage and why; becomes a ``selector.decision`` event."""
+
+    stage: str
+    old: Layout | None
+    new: Layout
+    switched: bool
+    reason: str
+    candidates: list[Candidate] = field(default_factory=list)
+
+    def event_data(self) -> dict[str, Any]:
+        return {"stage": self.stage, "old_layout": self.old.to_dict() if self.old else None,
+                "new_layout": self.new.to_dict(), "reason": self.reason, "switched": self.switched,
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+
+@dataclass(frozen=True)
+class SelectorPolicy:
+    """Knobs of the switching rule."""
+
+    hysteresis: float = 0.05
+    """A new layout must be predicted at least this much faster (relative) than the running one."""
+    horizon: int = 5
+    """At most this many coming iterations count towards paying back a switch."""
+
+
+class Selector:
+    """Chooses one stage's layout from its candidates with a cost model and a memory model under a budget."""
+
+    def __init__(self, stage: str, candidates: Sequence[Layout], *, cost: CostModel, memory: MemoryModel,
+                 budget_bytes: int | None, switch_cost: SwitchCost, policy: SelectorPolicy | None = None) -> None:
+        if not candidates:
+            raise ValueError(f"no candidate layouts for stage {stage}")
+        wrong = [c.key for c in candidates if c.stage != stage]
+        if wrong:
+            raise ValueError(f"candidates {wrong} are not {stage} layouts")
+        self.stage = stage
+        self.candidates = list(candidates)
+        self.cost = cost
+        self.memory = memory
+        self.budget_bytes = budget_bytes
+        self.switch_cost = switch_cost
+        self.policy = policy or SelectorPolicy()
+
+    def assess(self, outlook: Outlook) -> list[Candidate]:
+        """Predictions for every profiled candidate, fastest first (unprofiled ones cannot be ranked and are left out)."""
+        work = Work(sequences=outlook.sequences, context=outlook.context_max)
+        out = []
+        for layout in self.candidates:
+            if not self.cost.knows(layout):
+                continue
+            tps = self.cost.tokens_per_s(layout, round(outlook.context_mean))
+            mem = self.memory.predict(layout, work).total
+            fits = self.budget_bytes is None or mem <= self.budget_bytes
+            out.append(Candidate(layout, tps, outlook.tokens / tps, mem, fits))
+        out.sort(key=lambda c: (c.stage_seconds, c.memory_bytes, c.layout.key))
+        return out
+
+    def decide(self, outlook: Outlook, current: Layout | None) -> Decision:
+        """Keep ``current`` or switch; raises NoLayoutFits when nothing fits the budget."""
+        ranked = self.assess(outlook)
+        if not ranked:
+            raise NoLayoutFits(f"{self.stage}: no candidate layout has been profiled")
+        fitting = [c for c in ranked if c.fits]
+        if not fitting:
+            least = min(ranked, key=lambda c: c.memory_bytes)
+            raise NoLayoutFits(
+                f"{self.stage}: no layout fits the budget of {_gib(self.budget_bytes)} at context "
+                f"{outlook.context_max} x {outlook.sequences} sequences; the smallest, {least.layout.key}, "
+                f"needs {_gib(least.memory_bytes)}")
+        best = fitting[0]
+        if current is None:
+            return self._decision(None, best.layout, ranked,
+                                  f"start: fastest of {len(fitting)} fitting layouts at context "
+                                  f"{outlook.context_mean:.0f} ({best.tokens_per_s:.0f} tok/s)")
+        mine = next((c for c in ranked if c.layout == current), None)
+        if mine is None or not mine.fits:
+            why = "was never profiled" if mine is None else (
+                f"needs {_gib(mine.memory_bytes)} > budget {_gib(self.budget_bytes)} at context {outlook.context_max}")
+            return self._decision(current, best.layout, ranked, f"forced: {current.key} {why}")
+        if best.layout == current:
+            return self._decision(current, current, ranked, f"kept: still the fastest fitting layout "
+                                                            f"({mine.tokens_per_s:.0f} tok/s)")
+        speedup = mine.stage_seconds / best.stage_seconds
+        if speedup < 1.0 + self.policy.hysteresis:
+            return self._decision(current, current, ranked,
+                                  f"kept: {best.layout.key} only x{speedup:.3f} faster (hysteresis "
+                                  f"x{1 + self.policy.hysteresis:.2f})")
+        iterations = max(1, min(outlook.iterations_left, self.policy.horizon))
+        saved = (mine.stage_seconds - best.stage_seconds) * iterations
+        cost = self.switch_cost(current, best.layout)
+        if saved <= cost:
+            return self._decision(current, current, ranked,
+                                  f"kept: {best.layout.key} x{speedup:.2f} faster saves {saved:.2f} s over "
+                                  f"{iterations} iterations, switching costs {cost:.2f} s")
+        return self._decision(current, best.layout, ranked,
+                              f"switched: {best.layout.key} x{speedup:.2f} faster at context "
+                              f"{outlook.context_mean:.0f}, saves {saved:.2f} s over {iterations} iterations "
+                              f"> switching {cost:.2f} s")
+
+    def _decision(self, old: Layout | None, new: Layout, ranked: list[Candidate], reason: str) -> Decision:
+        return Decision(self.stage, old, new, switched=old is not None and old != new, reason=reason,
+                        candidates=ranked)
+
+
+def _gib(n: int | None) -> str:
+    return "unlimited" if n is None else f"{n / GIB:.2f} GiB"

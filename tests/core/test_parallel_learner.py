@@ -1,0 +1,79 @@
+"""The selector's measurements on a real learner: peak memory, stage profiles, layout changes, the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from earl_core import events as ev
+from earl_core.config import AlgoConfig, ParallelismConfig
+from earl_core.parallel import Layout, ModelShape
+from earl_core.parallel.planner import LayoutPlanner
+from earl_core.parallel.probe import PeakMemory
+from earl_core.rl.learner import Learner
+
+
+def test_peak_memory_sees_a_short_lived_allocation() -> None:
+    with PeakMemory() as outside:
+        pass
+    with PeakMemory() as peak:
+        block = torch.ones(64, 1 << 20)  # 256 MiB, touched
+        del block
+    assert peak.bytes - outside.bytes > 200 * (1 << 20)
+
+
+def test_profile_measures_without_training(protocol_model: Path) -> None:
+    learner = Learner(protocol_model, algo=AlgoConfig(micro_batch=4), seed=0)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    small = learner.profile("train", 1, 128)
+    large = learner.profile("train", 8, 1024)
+    assert small["tokens_per_s"] > 0 and large["peak_bytes"] > small["peak_bytes"]
+    fwd = learner.profile("experience", 8, 1024)
+    assert fwd["seconds"] < large["seconds"]  # no backward
+    after = learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in learner.model.parameters())
+    assert learner.train_micro_batch == 4 and not learner.checkpointing  # the running layout is restored
+
+
+def test_checkpointing_keeps_gradients_and_saves_memory(protocol_model: Path) -> None:
+    learner = Learner(protocol_model, algo=AlgoConfig(micro_batch=4), seed=0)
+    ids = torch.randint(0, 300, (8, 1024), generator=torch.Generator().manual_seed(1))
+
+    def grads() -> list[torch.Tensor]:
+        learner.model.zero_grad(set_to_none=True)
+        learner.model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+        return [p.grad.clone() for p in learner.model.parameters()]
+
+    plain = grads()
+    learner.set_layout("train", 4, checkpointing=True)
+    recomputed = grads()
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(plain, recomputed))
+    learner.set_layout("train", 4, checkpointing=False)
+    learner.model.zero_grad(set_to_none=True)
+    plain_peak = learner.profile("train", 16, 2048)["peak_bytes"]
+    ckpt_peak = learner.profile("train", 16, 2048, True)["peak_bytes"]
+    assert ckpt_peak < plain_peak
+
+
+def test_planner_on_a_real_learner(protocol_model: Path) -> None:
+    learner = Learner(protocol_model, algo=AlgoConfig(micro_batch=2), seed=0)
+    shape = ModelShape.from_hf_config(learner.model.config.to_dict())
+    emitted: list[ev.Event] = []
+    cfg = ParallelismConfig(mode="auto", micro_batches="1,8", profile_contexts="128,512", memory_budget_gib=64)
+    planner = LayoutPlanner(cfg, shape=shape, workers=1, default_micro_batch=2, emit=emitted.append)
+    planner.start(learner)
+    records = [{"token_ids": [1] * n} for n in (300, 500, 700, 900)]
+    planner.before_iteration(0, records, iterations_left=3, target=learner)
+    decisions = [e for e in emitted if isinstance(e, ev.SelectorDecision)]
+    assert [d.stage for d in decisions] == ["experience", "train"]
+    assert all(d.old_layout is None and not d.switched and d.reason.startswith("start") for d in decisions)
+    assert {c["layout"] for c in decisions[1].candidates} == {"tp1.dp1.mb1", "tp1.dp1.mb8", "tp1.dp1.mb1+ckpt",
+                                                                "tp1.dp1.mb8+ckpt"}
+    train_layout = Layout.parse("train", decisions[1].new_layout["key"])
+    assert learner.train_micro_batch == train_layout.micro_batch
+    assert learner.checkpointing == train_layout.checkpointing
+    assert learner.experience_micro_batch == Layout.parse("experience", decisions[0].new_layout["key"]).micro_batch
+    out = planner.after_iteration({"memory/train_peak_bytes": 1e9, "memory/experience_peak_bytes": 1e9}, records)
+    assert out["selector/over_budget_events"] == 0.0
