@@ -228,6 +228,9 @@ class ParallelismConfig:
     """A running layout is only left for one predicted at least this much faster (relative)."""
     horizon: int = 5
     """Coming iterations over which a switch must pay back its cost."""
+    checkpointing: bool = False
+    """Static mode: activation checkpointing in the train stage (less memory, one more forward pass). Auto
+    mode profiles both and chooses."""
 
     def __post_init__(self) -> None:
         _check_choice("parallelism.mode", self.mode, ("static", "auto"))
@@ -236,6 +239,9 @@ class ParallelismConfig:
         _int_list("parallelism.profile_contexts", self.profile_contexts, 16, 1 << 20)
         _check_range("parallelism.hysteresis", self.hysteresis, 0.0, 10.0)
         _check_range("parallelism.horizon", self.horizon, 1, 1_000_000)
+        if not isinstance(self.checkpointing, bool):
+            raise ConfigError("parallelism.checkpointing", f"must be true or false, got {self.checkpointing!r}",
+                              allowed="true, false")
 
     @property
     def micro_batch_list(self) -> list[int]:

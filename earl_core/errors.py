@@ -47,3 +47,7 @@ class EngineError(EarlError):
 
 class BudgetExceeded(EarlError):
     """A worker's measured memory went over its configured budget (the CPU analogue of an OOM)."""
+
+
+class PlacementError(EarlError):
+    """A worker group's resources could not all be reserved on the cluster (gang placement timed out)."""

@@ -46,7 +46,8 @@ class LayoutPlanner:
         self.budget = cfg.budget_bytes
         # Auto mode has no layout until its first decision; static mode runs the configured one throughout.
         self.current: dict[str, Layout] = {} if cfg.mode == "auto" else {
-            s: Layout(s, dp=workers, micro_batch=default_micro_batch) for s in LEARNER_STAGES}
+            s: Layout(s, dp=workers, micro_batch=default_micro_batch, checkpointing=cfg.checkpointing and s == "train")
+            for s in LEARNER_STAGES}
         self.memory = {s: MemoryModel(shape) for s in LEARNER_STAGES}
         self.samples: dict[str, list[tuple[Layout, Work, int]]] = {s: [] for s in LEARNER_STAGES}
         self.selectors: dict[str, Selector] = {}
@@ -68,7 +69,8 @@ class LayoutPlanner:
             for stage, layout in self.current.items():
                 target.set_layout(stage, layout.micro_batch, layout.checkpointing)
                 self.emit(ev.SelectorDecision(stage=stage, old_layout=None, new_layout=layout.to_dict(),
-                                              reason="static: parallelism.mode=static, micro-batch from algo.micro_batch",
+                                              reason="static: parallelism.mode=static, micro-batch from algo.micro_batch, "
+                                                     "checkpointing from parallelism.checkpointing",
                                               switched=False, candidates=[]))
             return
         started = time.perf_counter()
@@ -102,7 +104,7 @@ class LayoutPlanner:
             return
         lengths = [len(r["token_ids"]) for r in records]
         outlook = Outlook(context_mean=sum(lengths) / len(lengths), context_max=max(lengths), sequences=len(lengths),
-                          iterations_left=iterations_left)
+                          iterations_left=iterations_left, lengths=tuple(lengths))
         for stage in LEARNER_STAGES:
             decision = self.selectors[stage].decide(outlook, self.current.get(stage))
             if decision.new != self.current.get(stage):

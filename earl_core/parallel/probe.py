@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 from types import TracebackType
 
@@ -15,7 +17,9 @@ class PeakMemory:
     On GPU this is ``torch.cuda.max_memory_allocated`` reset at entry. On CPU no allocator keeps a peak that can
     be reset, so a thread samples the process's resident set every ``interval`` seconds (a block shorter
     than that is still measured at entry and exit). Resident memory includes the interpreter and libraries; the
-    memory model's calibration carries that as its fixed overhead.
+    memory model's calibration carries that as its fixed overhead. At entry, memory freed by earlier work is
+    handed back to the OS first (glibc keeps freed heap pages resident), so a block is not charged for the
+    high-water mark of whatever ran before it.
     """
 
     def __init__(self, interval: float = 0.002) -> None:
@@ -39,6 +43,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.bytes = int(torch.cuda.memory_allocated())
         else:
+            _release_free_heap()
             self.bytes = self._rss()
             self._stop.clear()
             self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
@@ -55,3 +60,13 @@ class PeakMemory:
         if self._thread is not None:
             self._thread.join()
         self.bytes = max(self.bytes, self._rss())
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+
+
+def _release_free_heap() -> None:
+    """glibc's malloc_trim(0): return free heap memory to the OS (a no-op elsewhere)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -15,6 +15,7 @@ from earl_core.errors import EarlError
 from earl_core.parallel.cost import CostModel
 from earl_core.parallel.layout import Layout
 from earl_core.parallel.memory import GIB, MemoryModel, Work
+from earl_core.rl.batch import balance_by_tokens, chunk_by_length
 
 SwitchCost = Callable[[Layout, Layout], float]
 """Seconds a switch from the first layout to the second costs (resharding weights, rebuilding engines)."""
@@ -36,10 +37,13 @@ class Outlook:
     """Sequences per stage invocation."""
     iterations_left: int = 1
     """Iterations the choice is expected to serve (caps the horizon over which a switch must pay off)."""
+    lengths: tuple[int, ...] = ()
+    """The coming sequences' lengths when known (the learner's stages run after the games are played): the
+    stage time is then predicted micro-batch by micro-batch, padding included, as the stage will cut them."""
 
     @property
     def tokens(self) -> float:
-        return self.context_mean * self.sequences
+        return float(sum(self.lengths)) if self.lengths else self.context_mean * self.sequences
 
 
 @dataclass(frozen=True)
@@ -110,12 +114,30 @@ class Selector:
         for layout in self.candidates:
             if not self.cost.knows(layout):
                 continue
-            tps = self.cost.tokens_per_s(layout, round(outlook.context_mean))
+            seconds = self.stage_seconds(layout, outlook)
             mem = self.memory.predict(layout, work).total
             fits = self.budget_bytes is None or mem <= self.budget_bytes
-            out.append(Candidate(layout, tps, outlook.tokens / tps, mem, fits))
+            out.append(Candidate(layout, outlook.tokens / seconds, seconds, mem, fits))
         out.sort(key=lambda c: (c.stage_seconds, c.memory_bytes, c.layout.key))
         return out
+
+    def stage_seconds(self, layout: Layout, outlook: Outlook) -> float:
+        """Predicted seconds of the stage on ``layout``. With the sequence lengths known: split across the DP
+        ranks by tokens and cut into micro-batches exactly as the stage will, each micro-batch costing its
+        padded size at the throughput profiled for its length; the slowest rank sets the time."""
+        if not outlook.lengths:
+            return outlook.tokens / self.cost.tokens_per_s(layout, round(outlook.context_mean))
+        lengths = outlook.lengths
+        slowest = 0.0
+        for share in balance_by_tokens(lengths, layout.dp):
+            mine = [lengths[i] for i in share]
+            seconds = 0.0
+            for chunk in chunk_by_length(mine, layout.micro_batch):
+                longest = max(mine[j] for j in chunk)
+                per_rank = self.cost.tokens_per_s(layout, longest) / layout.dp
+                seconds += len(chunk) * longest / per_rank
+            slowest = max(slowest, seconds)
+        return max(slowest, 1e-12)
 
     def decide(self, outlook: Outlook, current: Layout | None) -> Decision:
         """Keep ``current`` or switch; raises NoLayoutFits when nothing fits the budget."""

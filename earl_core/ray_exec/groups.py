@@ -7,8 +7,12 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from earl_core.errors import PlacementError
 from earl_core.ray_exec.workers import RolloutWorker, TrainerWorker
+from earl_core.rl.batch import balance_by_tokens
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -28,6 +32,33 @@ def close_actors(actors: list[Any]) -> None:
             log.warning("killing %s failed", actor, exc_info=True)
 
 
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+class Gang:
+    """All-or-nothing reservation of one bundle per worker (a Ray placement group): a group starts only when
+    every one of its workers can be placed, so no half-started group holds resources."""
+
+    def __init__(self, name: str, workers: int, *, cpus: float, gpus: float = 0,
+                 timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
+        self.bundle = {"CPU": float(cpus), **({"GPU": float(gpus)} if gpus else {})}
+        self.group: PlacementGroup = placement_group([dict(self.bundle) for _ in range(workers)], strategy="PACK")
+        if not self.group.wait(timeout_s):
+            remove_placement_group(self.group)
+            raise PlacementError(f"{name}: {workers} x {self.bundle} could not be reserved within {timeout_s:.0f} s "
+                                 f"(cluster has {ray.available_resources()} free of {ray.cluster_resources()})")
+
+    def slot(self, index: int) -> PlacementGroupSchedulingStrategy:
+        """Scheduling strategy that puts a worker into bundle ``index``."""
+        return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=index)
+
+    def release(self) -> None:
+        try:
+            remove_placement_group(self.group)
+        except Exception:  # noqa: BLE001 - cleanup must go on (the cluster may be gone already)
+            log.warning("removing a placement group failed", exc_info=True)
+
+
 def split_round_robin(items: Sequence[T], parts: int) -> list[list[T]]:
     """Item i goes to part i % parts (games are interleaved so each worker gets both sides and all groups)."""
     return [list(items[i::parts]) for i in range(parts)]
@@ -35,13 +66,7 @@ def split_round_robin(items: Sequence[T], parts: int) -> list[list[T]]:
 
 def split_by_tokens(records: Sequence[dict[str, Any]], parts: int) -> list[list[int]]:
     """Indices per part, longest first onto the lightest part, so ranks get similar token counts."""
-    loads = [0] * parts
-    out: list[list[int]] = [[] for _ in range(parts)]
-    for i in sorted(range(len(records)), key=lambda i: -len(records[i]["token_ids"])):
-        k = loads.index(min(loads))
-        out[k].append(i)
-        loads[k] += len(records[i]["token_ids"])
-    return out
+    return balance_by_tokens([len(r["token_ids"]) for r in records], parts)
 
 
 class RolloutGroup:
@@ -49,9 +74,15 @@ class RolloutGroup:
 
     def __init__(self, model_dir: str, *, workers: int, engine: str, engine_opts: dict[str, Any],
                  num_cpus: float = 1, num_gpus: float = 0) -> None:
+        self.gang = Gang("rollout workers", workers, cpus=num_cpus, gpus=num_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
-        self.actors = [actor.remote(model_dir, index=i, engine=engine, engine_opts=engine_opts) for i in range(workers)]
-        ray.get([a.ready.remote() for a in self.actors])
+        self.actors = [actor.options(scheduling_strategy=self.gang.slot(i)).remote(
+            model_dir, index=i, engine=engine, engine_opts=engine_opts) for i in range(workers)]
+        try:
+            ray.get([a.ready.remote() for a in self.actors])
+        except BaseException:
+            self.close()
+            raise
 
     def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
         """Split the games, play them everywhere at once, gather records in game order plus summed stats."""
@@ -73,6 +104,7 @@ class RolloutGroup:
 
     def close(self) -> None:
         close_actors(self.actors)
+        self.gang.release()
 
 
 class TrainerGroup:
@@ -80,12 +112,18 @@ class TrainerGroup:
 
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
                  temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0) -> None:
+        self.gang = Gang("trainer workers", workers, cpus=num_cpus, gpus=num_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
-        self.actors = [actor.remote(rank=r, world_size=workers) for r in range(workers)]
-        master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
-        ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master,
-                                temperature=temperature)
-                 for a in self.actors])
+        self.actors = [actor.options(scheduling_strategy=self.gang.slot(r)).remote(rank=r, world_size=workers)
+                       for r in range(workers)]
+        try:
+            master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
+            ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master,
+                                    temperature=temperature)
+                     for a in self.actors])
+        except BaseException:
+            self.close()
+            raise
 
     def rl_step(self, records: list[dict[str, Any]], advantages: Sequence[float]) -> dict[str, float]:
         shares = split_by_tokens(records, len(self.actors))
@@ -126,3 +164,4 @@ class TrainerGroup:
 
     def close(self) -> None:
         close_actors(self.actors)
+        self.gang.release()

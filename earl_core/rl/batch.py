@@ -60,12 +60,27 @@ def pack(records: Sequence[dict[str, Any]], advantages: Sequence[float] | torch.
     return TrainBatch(input_ids=ids, attention_mask=attn, action_mask=act[:, 1:].contiguous(), advantages=adv)
 
 
+def chunk_by_length(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """Indices of micro-batches of at most `size` sequences, grouped by length so little compute goes to padding
+    (each micro-batch is padded to its longest sequence)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Indices per data-parallel rank, longest first onto the lightest rank, so ranks get similar token counts."""
+    loads = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        k = loads.index(min(loads))
+        out[k].append(i)
+        loads[k] += lengths[i]
+    return out
+
+
 def micro_batch_indices(batch: TrainBatch, size: int) -> Iterator[list[int]]:
-    """Row indices of micro-batches of at most `size` sequences, grouped by length so little compute goes to padding."""
-    lengths = batch.attention_mask.sum(dim=1).tolist()
-    order = sorted(range(batch.size), key=lambda i: lengths[i])
-    for start in range(0, batch.size, size):
-        yield order[start : start + size]
+    """Row indices of the micro-batches of `batch` (see chunk_by_length)."""
+    yield from chunk_by_length(batch.attention_mask.sum(dim=1).tolist(), size)
 
 
 def micro_batches(batch: TrainBatch, size: int) -> Iterator[TrainBatch]:

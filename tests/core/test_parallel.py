@@ -236,3 +236,26 @@ def test_unprofiled_layouts_are_not_ranked():
                    memory=MemoryModel(TINY), budget_bytes=64 * GIB, switch_cost=lambda a, b: 0.0)
     d = sel.decide(Outlook(1000, 1000, 8), None)
     assert [c.layout for c in d.candidates] == [TP1]
+
+
+def test_ragged_lengths_are_costed_with_their_padding():
+    """Profiled on equal lengths, MB8 is twice as fast per token as MB1; but when one long game sits among
+    short ones, MB8 pads every short game to the long one's length and MB1 wins."""
+    mb1, mb8 = Layout("train", micro_batch=1), Layout("train", micro_batch=8)
+    cost = CostModel([ProfilePoint(mb1, c, 1000.0) for c in (256, 4096)] +
+                     [ProfilePoint(mb8, c, 2000.0) for c in (256, 4096)])
+    sel = Selector("train", [mb1, mb8], cost=cost, memory=MemoryModel(TINY), budget_bytes=None,
+                   switch_cost=lambda a, b: 0.0)
+    even = (2000,) * 8
+    ragged = (100,) * 7 + (4000,)
+    for lengths, chosen in ((even, mb8), (ragged, mb1)):
+        outlook = Outlook(sum(lengths) / 8, max(lengths), 8, lengths=lengths)
+        assert sel.decide(outlook, None).new == chosen
+    outlook = Outlook(sum(ragged) / 8, 4000, 8, lengths=ragged)
+    assert sel.stage_seconds(mb8, outlook) == pytest.approx(8 * 4000 / 2000.0)  # all padded to 4000
+    assert sel.stage_seconds(mb1, outlook) == pytest.approx(4700 / 1000.0)
+    # Two DP ranks: the long game alone on one rank, the short ones on the other; the slowest rank counts.
+    dp2 = Layout("train", dp=2, micro_batch=8)
+    sel2 = Selector("train", [dp2], cost=CostModel([ProfilePoint(dp2, 256, 2000.0)]), memory=MemoryModel(TINY),
+                    budget_bytes=None, switch_cost=lambda a, b: 0.0)
+    assert sel2.stage_seconds(dp2, outlook) == pytest.approx(4000 / 1000.0)

@@ -1,4 +1,5 @@
-"""Data-parallel trainer ranks on Ray (gloo all-reduce) take the same step as one learner on the whole batch."""
+"""Data-parallel trainer ranks on Ray (gloo all-reduce) take the same step as one learner on the whole batch;
+worker groups are placed all or nothing (one placement group per group, gone when the group closes)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from earl_core.agent.teacher import teacher_policy
 from earl_core.config import AlgoConfig
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
 from earl_core.ray_exec.cluster import ray_cluster
-from earl_core.ray_exec.groups import TrainerGroup
+from earl_core.errors import PlacementError
+from earl_core.ray_exec.groups import Gang, TrainerGroup
 from earl_core.rl.learner import Learner
 
 pytestmark = pytest.mark.slow
@@ -35,10 +37,16 @@ def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -
     with ray_cluster(num_cpus=3):
         group = TrainerGroup(str(protocol_model), workers=2, algo=algo.__dict__, reference_dir=None, seed=0)
         try:
+            held = ray.util.placement_group_table(group.gang.group)
             group.rl_step(records, advantages)
             got = ray.get(group.weights()[0])
+            with pytest.raises(PlacementError, match=r"trainer workers: 1 x \{'CPU': 64.0\} could not be reserved"):
+                Gang("trainer workers", 1, cpus=64, timeout_s=2)
         finally:
             group.close()
+        released = ray.util.placement_group_table(group.gang.group)
+    assert held["state"] == "CREATED" and len(held["bundles"]) == 2
+    assert released["state"] == "REMOVED"
     # AdamW's first step moves each weight by about lr * sign(gradient), so float noise in a gradient that
     # is almost zero can flip a few signs: compare update directions, which a missing or wrongly scaled
     # all-reduce changes a lot (each rank would follow the sign of half the data).
