@@ -228,6 +228,10 @@ class ParallelismConfig:
     """A running layout is only left for one predicted at least this much faster (relative)."""
     horizon: int = 5
     """Coming iterations over which a switch must pay back its cost."""
+    train_tp: int = 1
+    """Tensor-parallel degree of the trainer (experience and train stages): trainer_workers / train_tp
+    data-parallel groups of train_tp ranks, each holding a slice of every layer. Must divide trainer_workers and
+    the model's attention heads, KV heads and MLP width."""
     checkpointing: bool = False
     """Static mode: activation checkpointing in the train stage (less memory, one more forward pass). Auto
     mode profiles both and chooses."""
@@ -239,6 +243,7 @@ class ParallelismConfig:
         _int_list("parallelism.profile_contexts", self.profile_contexts, 16, 1 << 20)
         _check_range("parallelism.hysteresis", self.hysteresis, 0.0, 10.0)
         _check_range("parallelism.horizon", self.horizon, 1, 1_000_000)
+        _check_range("parallelism.train_tp", self.train_tp, 1, 1024)
         if not isinstance(self.checkpointing, bool):
             raise ConfigError("parallelism.checkpointing", f"must be true or false, got {self.checkpointing!r}",
                               allowed="true, false")
@@ -293,6 +298,10 @@ class RunConfig:
         _check_range("trainer_cpus", self.trainer_cpus, 1, 256)
         _check_range("checkpoint_every", self.checkpoint_every, 1, 1_000_000)
         _check_range("eval_games", self.eval_games, 0, 1_000_000)
+        if self.trainer_workers % self.parallelism.train_tp:
+            raise ConfigError("parallelism.train_tp", f"{self.parallelism.train_tp} does not divide trainer_workers="
+                              f"{self.trainer_workers}",
+                              allowed=[d for d in range(1, self.trainer_workers + 1) if self.trainer_workers % d == 0])
         if self.games_per_iteration < self.trainer_workers:
             raise ConfigError("trainer_workers", f"{self.trainer_workers} ranks but only {self.games_per_iteration} games "
                               "per iteration", allowed=f"1..{self.games_per_iteration} (rollout.groups x rollout.group_size)")

@@ -30,6 +30,7 @@ from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
 from earl_core.parallel.memory import ModelShape
 from earl_core.parallel.planner import LayoutPlanner
+from earl_core.parallel.tensor_parallel import check_tp_degree
 from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline, grpo_advantages
@@ -155,9 +156,10 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         if cfg.rollout.engine == "vllm":
             engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context,
                            "seed": cfg.seed, "gpu_memory_utilization": 0.8 * gpus if gpus else 0.8}
+        check_tp_degree(AutoConfig.from_pretrained(init_dir), cfg.parallelism.train_tp, "parallelism.train_tp")
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
-                               num_cpus=cfg.trainer_cpus, num_gpus=gpus)
+                               num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp)
         cleanup.callback(trainer.close)
         if checkpoint is not None:
             trainer.load_optimizer(str(checkpoint))

@@ -42,11 +42,12 @@ class LayoutPlanner:
         self.cfg = cfg
         self.shape = shape
         self.workers = workers
+        self.tp = cfg.train_tp
         self.emit = emit
         self.budget = cfg.budget_bytes
         # Auto mode has no layout until its first decision; static mode runs the configured one throughout.
         self.current: dict[str, Layout] = {} if cfg.mode == "auto" else {
-            s: Layout(s, dp=workers, micro_batch=default_micro_batch, checkpointing=cfg.checkpointing and s == "train")
+            s: Layout(s, tp=self.tp, dp=workers // self.tp, micro_batch=default_micro_batch, checkpointing=cfg.checkpointing and s == "train")
             for s in LEARNER_STAGES}
         self.memory = {s: MemoryModel(shape) for s in LEARNER_STAGES}
         self.samples: dict[str, list[tuple[Layout, Work, int]]] = {s: [] for s in LEARNER_STAGES}
@@ -58,10 +59,10 @@ class LayoutPlanner:
         return self.cfg.mode == "auto"
 
     def candidates(self, stage: str) -> list[Layout]:
-        """Layouts the trainer can run today: data parallel over all its workers (tp=1, no FSDP)."""
+        """Layouts the trainer can run without moving weights: its TP degree (parallelism.train_tp), no FSDP."""
         every = candidate_layouts(stage, self.workers, heads=self.shape.heads, kv_heads=self.shape.kv_heads,
                                   micro_batches=tuple(self.cfg.micro_batch_list))
-        return [c for c in every if c.tp == 1 and c.shard == "none"]
+        return [c for c in every if c.tp == self.tp and c.shard == "none"]
 
     def start(self, target: StageTarget) -> None:
         """Static: apply and announce the configured layouts. Auto: profile every candidate, then build selectors."""

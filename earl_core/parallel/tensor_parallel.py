@@ -9,10 +9,12 @@ never through disk.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
@@ -23,12 +25,12 @@ COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_
 ROW = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def check_tp_degree(config: Any, tp: int) -> None:
+def check_tp_degree(config: Any, tp: int, field: str = "layout.tp") -> None:
     """A TP degree must split attention heads, KV heads and the MLP width evenly."""
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         value = int(getattr(config, name))
         if tp < 1 or value % tp:
-            raise ConfigError("layout.tp", f"{tp} does not divide {name}={value}",
+            raise ConfigError(field, f"{tp} does not divide {name}={value}",
                               allowed=[d for d in range(1, value + 1) if value % d == 0 and
                                        all(int(getattr(config, n)) % d == 0 for n in
                                            ("num_attention_heads", "num_key_value_heads", "intermediate_size"))])
@@ -83,3 +85,54 @@ def load_full_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tenso
 def local_numel(model: torch.nn.Module) -> int:
     """Parameters this rank stores (a shard counts its local part only)."""
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this rank stores (the tensor itself when it is not sharded); shares its storage."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, tp_group: Any | None) -> float:
+    """Clip gradients by their global norm; sharded gradients' squares are summed across ``tp_group``,
+    replicated ones counted once. Returns the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        sq = local(g).detach().double().pow(2).sum().cpu()
+        if isinstance(g, DTensor):
+            sharded += sq
+        else:
+            replicated += sq
+    if tp_group is not None:
+        dist.all_reduce(sharded, group=tp_group)
+    norm = math.sqrt(float(sharded + replicated))
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            local(g).mul_(coef)
+    return norm
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state_dict with every sharded state tensor gathered (a collective on every rank): the same
+    format a TP=1 optimizer writes, so a checkpoint resumes under any layout."""
+    state = optimizer.state_dict()
+    state["state"] = {idx: {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().to("cpu", copy=True)
+                            if torch.is_tensor(v) else v for k, v in entry.items()}
+                      for idx, entry in state["state"].items()}
+    return state
+
+
+@torch.no_grad()
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+    """Load a full (TP=1 format) optimizer state, each rank keeping its own shard of a sharded parameter's state."""
+    optimizer.load_state_dict(dict(state))
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor) or p not in optimizer.state:
+                continue
+            entry = optimizer.state[p]
+            for k, v in list(entry.items()):
+                if torch.is_tensor(v) and not isinstance(v, DTensor) and v.shape == p.shape:
+                    entry[k] = distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)

@@ -108,10 +108,14 @@ class RolloutGroup:
 
 
 class TrainerGroup:
-    """Data-parallel trainer ranks sharing one process group."""
+    """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks."""
 
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
-                 temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0) -> None:
+                 temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0, tp: int = 1) -> None:
+        if tp < 1 or workers % tp:
+            raise ValueError(f"{workers} trainer workers cannot form tensor-parallel groups of {tp}")
+        self.tp = tp
+        self.dp = workers // tp
         self.gang = Gang("trainer workers", workers, cpus=num_cpus, gpus=num_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
         self.actors = [actor.options(scheduling_strategy=self.gang.slot(r)).remote(rank=r, world_size=workers)
@@ -119,16 +123,25 @@ class TrainerGroup:
         try:
             master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
             ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master,
-                                    temperature=temperature)
+                                    temperature=temperature, tp=tp)
                      for a in self.actors])
         except BaseException:
             self.close()
             raise
 
+    def _shares(self, records: Sequence[dict[str, Any]]) -> list[list[int]]:
+        """Record indices per rank: split by tokens across the DP groups; the ranks of a TP group share one."""
+        per_group = split_by_tokens(records, self.dp)
+        return [per_group[rank // self.tp] for rank in range(len(self.actors))]
+
+    @property
+    def _lead(self) -> list[Any]:
+        """The first TP group: gathers full weights (a collective among its ranks), rank 0 publishes/writes."""
+        return self.actors[: self.tp]
+
     def rl_step(self, records: list[dict[str, Any]], advantages: Sequence[float]) -> dict[str, float]:
-        shares = split_by_tokens(records, len(self.actors))
         futures = [a.rl_step.remote([records[i] for i in idx], [float(advantages[i]) for i in idx])
-                   for a, idx in zip(self.actors, shares)]
+                   for a, idx in zip(self.actors, self._shares(records))]
         results = ray.get(futures)
         out = dict(results[0])  # losses are already global (reduced); times: the slowest rank
         for key in ("perf/experience_s", "perf/train_s", "memory/experience_peak_bytes", "memory/train_peak_bytes"):
@@ -140,27 +153,35 @@ class TrainerGroup:
         ray.get([a.set_layout.remote(stage, micro_batch, checkpointing) for a in self.actors])
 
     def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False) -> dict[str, float]:
-        """One rank's time and peak memory for one micro-batch (ranks of a DP group do the same work)."""
-        return ray.get(self.actors[0].profile.remote(stage, micro_batch, context, checkpointing))
+        """Time and peak memory of one micro-batch on the first TP group (DP groups do the same work); the
+        slowest rank and the highest peak count."""
+        results = ray.get([a.profile.remote(stage, micro_batch, context, checkpointing) for a in self._lead])
+        seconds = max(r["seconds"] for r in results)
+        return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
+                "peak_bytes": max(r["peak_bytes"] for r in results)}
 
     def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
-        shares = split_by_tokens(records, len(self.actors))
-        return ray.get([a.sft_step.remote([records[i] for i in idx], lr) for a, idx in zip(self.actors, shares)])[0]
+        return ray.get([a.sft_step.remote([records[i] for i in idx], lr)
+                        for a, idx in zip(self.actors, self._shares(records))])[0]
 
     def reset_optimizer(self) -> None:
         ray.get([a.reset_optimizer.remote() for a in self.actors])
 
     def weights(self) -> list[ray.ObjectRef]:
-        return ray.get(self.actors[0].weights.remote())
+        return ray.get([a.weights.remote(publish=i == 0) for i, a in enumerate(self._lead)])[0]
 
     def save(self, path: str, extra: dict[str, Any]) -> str:
-        return ray.get(self.actors[0].save.remote(path, extra))
+        return ray.get([a.save.remote(path, extra, write=i == 0) for i, a in enumerate(self._lead)])[0]
 
     def load_optimizer(self, checkpoint: str) -> None:
         ray.get([a.load_optimizer.remote(checkpoint) for a in self.actors])
 
     def memory(self) -> list[dict[str, Any]]:
         return ray.get([a.memory.remote() for a in self.actors])
+
+    def local_parameters(self) -> list[int]:
+        """Parameters each rank stores."""
+        return ray.get([a.local_parameters.remote() for a in self.actors])
 
     def close(self) -> None:
         close_actors(self.actors)

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
@@ -20,6 +21,7 @@ from earl_core.config import AlgoConfig
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 from earl_core.parallel.probe import PeakMemory
+from earl_core.parallel.tensor_parallel import local_numel
 from earl_core.ray_exec.memory import memory_reading
 from earl_core.rl.learner import Learner
 
@@ -91,6 +93,7 @@ class TrainerWorker:
         self.world_size = world_size
         self.name = f"trainer-{rank}"
         self.learner: Learner | None = None
+        self._dp_group: Any = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this rank's node for the process group (rank 0 hosts it)."""
@@ -100,22 +103,28 @@ class TrainerWorker:
             return ip, int(s.getsockname()[1])
 
     def setup(self, model_dir: str, *, algo: dict[str, Any], reference_dir: str | None, seed: int,
-              master: tuple[str, int] | None, temperature: float = 1.0) -> str:
+              master: tuple[str, int] | None, temperature: float = 1.0, tp: int = 1) -> str:
         # Ray caps actor threads at 1 by default; use the CPUs this actor reserved.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))
+        tp_mesh = None
         if self.world_size > 1:
             assert master is not None
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                    init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(minutes=10))
+            # Rank = dp_index * tp + tp_index: the ranks of one TP group are neighbours (one node, when packed).
+            mesh = init_device_mesh(device, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+            self._dp_group = mesh["dp"].get_group() if self.world_size // tp > 1 else None
+            tp_mesh = mesh["tp"] if tp > 1 else None
         self.learner = Learner(model_dir, algo=AlgoConfig(**algo), reference_dir=reference_dir, seed=seed,
-                               temperature=temperature, reduce=self._all_reduce)
+                               temperature=temperature, reduce=self._all_reduce, tp_mesh=tp_mesh)
         return self.name
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if self._dp_group is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._dp_group)
         return t
 
     def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float]:
@@ -147,14 +156,16 @@ class TrainerWorker:
         assert self.learner is not None
         self.learner.reset_optimizer()
 
-    def weights(self) -> list[ray.ObjectRef]:
-        """The weights as an object in this worker's store, returned by reference (wrapped so Ray does not fetch it)."""
+    def weights(self, publish: bool = True) -> list[ray.ObjectRef]:
+        """The full weights as an object in this worker's store, returned by reference (wrapped so Ray does not
+        fetch it). Under TP every rank of the group takes part in the gather; only one publishes."""
         assert self.learner is not None
-        return [ray.put(self.learner.state_dict())]
+        state = self.learner.state_dict()
+        return [ray.put(state)] if publish else []
 
-    def save(self, path: str, extra: dict[str, Any]) -> str:
+    def save(self, path: str, extra: dict[str, Any], write: bool = True) -> str:
         assert self.learner is not None
-        return str(self.learner.save(path, extra=extra))
+        return str(self.learner.save(path, extra=extra, write=write))
 
     def load_optimizer(self, checkpoint: str) -> None:
         assert self.learner is not None
@@ -162,6 +173,11 @@ class TrainerWorker:
 
     def memory(self) -> dict[str, Any]:
         return memory_reading(self.name, "train")
+
+    def local_parameters(self) -> int:
+        """Parameters this rank stores (fewer than the model's under TP)."""
+        assert self.learner is not None
+        return local_numel(self.learner.model)
 
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():

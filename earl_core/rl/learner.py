@@ -1,7 +1,8 @@
 """The policy learner: PPO-style multi-turn GRPO / REINFORCE steps, the SFT warm start, and checkpoints.
 
 Plain PyTorch on one process. Data parallelism is a `reduce` hook (sum across ranks) that the Ray trainer
-worker fills with torch.distributed; with the default identity it trains alone.
+worker fills with torch.distributed; with the default identity it trains alone. Tensor parallelism splits the
+model across a `tp_mesh` with torch.distributed.tensor.parallel (earl_core.parallel.tensor_parallel).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from earl_core.checkpoints import STATE_FILE
 from earl_core.config import AlgoConfig
 from earl_core.parallel.probe import PeakMemory
+from earl_core.parallel.tensor_parallel import (clip_grad_norm, full_optimizer_state, full_state_dict, local,
+                                                load_full_optimizer_state, shard_model)
 from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
@@ -42,14 +46,20 @@ class Learner:
         seed: int = 0,
         temperature: float = 1.0,
         reduce: Reduce = _identity,
+        tp_mesh: DeviceMesh | None = None,
     ) -> None:
         torch.manual_seed(seed)
+        # Tensor parallelism: the model (and the reference) split across the ranks of `tp_mesh`, which all
+        # see the same data; `reduce` then sums over data-parallel peers only.
+        self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
         # Rollouts sample from softmax(logits / T); the ratio must compare the same distribution.
         self.temperature = temperature
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.algo = algo
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        if self.tp_mesh is not None:
+            shard_model(self.model, self.tp_mesh)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model.train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
@@ -58,6 +68,8 @@ class Learner:
         if algo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(reference_dir or model_dir, dtype=torch.float32)
             self.reference.to(self.device).eval().requires_grad_(False)
+            if self.tp_mesh is not None:
+                shard_model(self.reference, self.tp_mesh)
         self._reduce = reduce
         self.steps = 0
         # Layout knobs the Parallelism Selector may change between iterations (start from the config).
@@ -134,15 +146,20 @@ class Learner:
         sums.copy_(self._reduce(sums.to(self.device)).cpu())
         tokens = max(sums[4].item(), 1.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        # Under TP each rank reduces its own shards with its data-parallel peers (who hold the same shards).
+        grads = [local(p.grad) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all parameters
         flat = self._reduce(flat) / tokens
         offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
-        norm = torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm if self.algo.max_grad_norm > 0 else float("inf"))
+        tp_group = self.tp_mesh.get_group() if self.tp_mesh is not None else None
+        norm = clip_grad_norm(params, self.algo.max_grad_norm, tp_group)
         self.optimizer.step()
         self.steps += 1
         return float(norm)
@@ -225,22 +242,30 @@ class Learner:
 
     # ---- weights and checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """CPU copy of the weights, in Hugging Face parameter names (what rollout engines load)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """CPU copy of the full weights, in Hugging Face parameter names (what rollout engines load). Under TP
+        a collective: every rank of the TP group must call it."""
+        return full_state_dict(self.model)
 
-    def save(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        """Hugging Face folder + optimiser state, written to a temp folder and renamed (never half written)."""
+    def save(self, path: str | Path, *, extra: dict[str, Any] | None = None, write: bool = True) -> Path:
+        """Hugging Face folder + optimiser state, written to a temp folder and renamed (never half written).
+
+        Under TP every rank of the group calls it (weights and optimizer state are gathered) and only the one
+        with ``write`` writes; the files are the same as a TP=1 learner's, so they load under any layout."""
+        weights = full_state_dict(self.model)
+        optimizer = full_optimizer_state(self.model, self.optimizer)
         final = Path(path)
+        if not write:
+            return final
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp)
+        self.model.save_pretrained(tmp, state_dict=weights)
         # The tokenizer's own save writes every file it needs, also when the model came from a hub id.
         self.tokenizer.save_pretrained(tmp)
         generation_config = self.model_dir / "generation_config.json"
         if generation_config.exists() and not (tmp / "generation_config.json").exists():
             shutil.copy2(generation_config, tmp / "generation_config.json")
-        torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, tmp / "trainer_state.pt")
+        torch.save({"optimizer": optimizer, "steps": self.steps}, tmp / "trainer_state.pt")
         (tmp / STATE_FILE).write_text(json.dumps(extra or {}, indent=2))
         if final.exists():
             shutil.rmtree(final)
@@ -249,6 +274,6 @@ class Learner:
 
     def load_optimizer(self, checkpoint: str | Path) -> None:
         state = torch.load(Path(checkpoint) / "trainer_state.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.steps = int(state["steps"])
         self.reset_lr()  # the saved state carries the old learning rate; the config in force wins

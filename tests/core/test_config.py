@@ -35,6 +35,8 @@ def test_defaults_round_trip() -> None:
         ({"name": "bad name!"}, "name", "letters"),
         ({"sft": {"teacher": "random"}}, "sft.teacher", "heuristic"),
         ({"trainer_workers": 8, "rollout": {"groups": 1, "group_size": 4}}, "trainer_workers", "1..4"),
+        ({"trainer_workers": 4, "parallelism": {"train_tp": 3}}, "parallelism.train_tp", "1, 2, 4"),
+        ({"parallelism": {"train_tp": 0}}, "parallelism.train_tp", "1..1024"),
         ({"version": 7}, "version", "1"),
     ],
 )

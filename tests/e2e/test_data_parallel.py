@@ -57,3 +57,48 @@ def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -
     cosine = torch.nn.functional.cosine_similarity(want, have, dim=0).item()
     assert cosine > 0.99, cosine
     assert (torch.sign(want) == torch.sign(have)).float().mean().item() > 0.99
+
+
+def test_tensor_parallel_ranks_match_one_learner_and_checkpoint_in_the_tp1_format(
+        protocol_model: Path, protocol_tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+    enc = ChatEncoder(protocol_tokenizer)
+    specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 200 + i) for i in range(4)]
+    records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
+                                                 limits=RunnerLimits())]
+    advantages = [1.0, -0.5, 0.25, -1.0]
+    algo = AlgoConfig(lr=1e-3, micro_batch=2, epochs=1, kl_coef=0.1)  # the reference model is split too
+
+    single = Learner(protocol_model, algo=algo, reference_dir=protocol_model, seed=0)
+    want_metrics = single.rl_step(single.prepare(records, advantages))
+    expected = single.state_dict()
+
+    with ray_cluster(num_cpus=3):
+        group = TrainerGroup(str(protocol_model), workers=2, tp=2, algo=algo.__dict__,
+                             reference_dir=str(protocol_model), seed=0)
+        try:
+            stored = group.local_parameters()
+            metrics = group.rl_step(records, advantages)
+            got = ray.get(group.weights()[0])
+            ckpt = group.save(str(tmp_path / "ckpt"), {"iteration": 1})
+        finally:
+            group.close()
+    full = sum(v.numel() for v in expected.values())
+    assert len(stored) == 2 and all(n < full for n in stored)  # each rank holds part of the model
+    # TP ranks see the same data as one learner; only the order of float sums differs.
+    assert metrics["losses/policy_loss"] == pytest.approx(want_metrics["losses/policy_loss"], rel=1e-4, abs=1e-6)
+    assert metrics["losses/grad_norm"] == pytest.approx(want_metrics["losses/grad_norm"], rel=1e-4)
+    base = Learner(protocol_model, algo=algo).state_dict()
+    want = torch.cat([(expected[k] - base[k]).flatten() for k in base])
+    have = torch.cat([(got[k] - base[k]).flatten() for k in base])
+    assert want.abs().max() > 0
+    assert torch.nn.functional.cosine_similarity(want, have, dim=0).item() > 0.999
+    # The checkpoint is the TP=1 format: a plain learner loads the same weights and a full optimizer state.
+    plain = Learner(ckpt, algo=algo)
+    plain.load_optimizer(ckpt)
+    assert all(torch.equal(v, got[k]) for k, v in plain.state_dict().items())
+    single_state = single.optimizer.state_dict()["state"]
+    plain_state = plain.optimizer.state_dict()["state"]
+    assert set(plain_state) == set(single_state)
+    for idx, entry in plain_state.items():
+        assert entry["exp_avg"].shape == single_state[idx]["exp_avg"].shape
+        assert torch.allclose(entry["exp_avg_sq"], single_state[idx]["exp_avg_sq"], rtol=1e-3, atol=1e-12)

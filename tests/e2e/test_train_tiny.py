@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from earl_core import events as ev
-from earl_core.config import RunConfig
+from earl_core.config import ParallelismConfig, RunConfig
 from earl_core.loop import train
 from earl_core.ray_exec.cluster import ray_cluster
 
@@ -78,10 +78,15 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
 
 
 def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> None:
-    cfg = _config(tmp_path, iterations=1, trainer_workers=1, sft={"enabled": False},
+    # The first leg trains tensor-parallel (two ranks, each holding half of every layer); the resumed leg
+    # runs on one rank: a checkpoint is the same whatever layout wrote it.
+    cfg = _config(tmp_path, iterations=1, trainer_workers=2, parallelism={"train_tp": 2}, sft={"enabled": False},
                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6})
-    train(cfg)
-    more = cfg.replace(iterations=2)
+    first: list[dict] = []
+    train(cfg, first.append)
+    assert [e["data"]["new_layout"]["key"] for e in first if e["type"] == "selector.decision"] == \
+        ["tp2.dp1.mb4", "tp2.dp1.mb4"]
+    more = cfg.replace(iterations=2, trainer_workers=1, parallelism=ParallelismConfig())
     got: list[dict] = []
     summary = train(more, got.append, resume=True)
     assert summary.iterations_done == 2
