@@ -179,6 +179,15 @@ class TrainerGroup:
     def memory(self) -> list[dict[str, Any]]:
         return ray.get([a.memory.remote() for a in self.actors])
 
+    def relayout(self, tp: int) -> float:
+        """Switch every rank to TP degree ``tp`` (DP = workers / tp); weights and optimizer state move in
+        memory between the ranks. Returns the seconds the switch took (slowest rank)."""
+        if tp < 1 or len(self.actors) % tp:
+            raise ValueError(f"{len(self.actors)} trainer workers cannot form tensor-parallel groups of {tp}")
+        seconds = max(ray.get([a.relayout.remote(tp) for a in self.actors]))
+        self.tp, self.dp = tp, len(self.actors) // tp
+        return seconds
+
     def local_parameters(self) -> list[int]:
         """Parameters each rank stores."""
         return ray.get([a.local_parameters.remote() for a in self.actors])

@@ -94,6 +94,7 @@ class TrainerWorker:
         self.name = f"trainer-{rank}"
         self.learner: Learner | None = None
         self._dp_group: Any = None
+        self.device = "cpu"
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this rank's node for the process group (rank 0 hosts it)."""
@@ -114,13 +115,28 @@ class TrainerWorker:
             dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                     init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(minutes=10))
-            # Rank = dp_index * tp + tp_index: the ranks of one TP group are neighbours (one node, when packed).
-            mesh = init_device_mesh(device, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
-            self._dp_group = mesh["dp"].get_group() if self.world_size // tp > 1 else None
-            tp_mesh = mesh["tp"] if tp > 1 else None
+            self.device = device
+            tp_mesh = self._mesh(tp)
         self.learner = Learner(model_dir, algo=AlgoConfig(**algo), reference_dir=reference_dir, seed=seed,
                                temperature=temperature, reduce=self._all_reduce, tp_mesh=tp_mesh)
         return self.name
+
+    def _mesh(self, tp: int) -> Any:
+        """(dp, tp) mesh over the whole group; sets the DP group and returns the TP mesh (None for tp=1)."""
+        # Rank = dp_index * tp + tp_index: the ranks of one TP group are neighbours (one node, when packed).
+        mesh = init_device_mesh(self.device, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        self._dp_group = mesh["dp"].get_group() if self.world_size // tp > 1 else None
+        return mesh["tp"] if tp > 1 else None
+
+    def relayout(self, tp: int) -> float:
+        """Re-split the learner for TP degree ``tp`` over the same ranks (weights move in memory)."""
+        assert self.learner is not None
+        if self.world_size == 1:
+            return 0.0
+        start = time.perf_counter()
+        # The old shards carry their own mesh, so the gather inside relayout still runs on the old TP group.
+        self.learner.relayout(self._mesh(tp))
+        return time.perf_counter() - start
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         if self._dp_group is not None:

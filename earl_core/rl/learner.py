@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from earl_core.checkpoints import STATE_FILE
 from earl_core.config import AlgoConfig
 from earl_core.parallel.probe import PeakMemory
-from earl_core.parallel.tensor_parallel import (clip_grad_norm, full_optimizer_state, full_state_dict, local,
-                                                load_full_optimizer_state, shard_model)
+from earl_core.parallel.tensor_parallel import (check_tp_degree, clip_grad_norm, full_optimizer_state,
+                                                full_state_dict, load_full_optimizer_state, load_full_state_dict,
+                                                local, shard_model)
 from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
@@ -228,6 +229,37 @@ class Learner:
             self.set_layout("train", *previous)
         return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
                 "peak_bytes": float(peak.bytes)}
+
+    def relayout(self, tp_mesh: DeviceMesh | None) -> float:
+        """Move the policy, its optimizer state and the reference to another TP split, in memory.
+
+        Every rank of the old and of the new TP group calls it. Full tensors are gathered from the old split and
+        each rank keeps its slice of the new one (bit-exact: nothing is recomputed). Returns the seconds taken."""
+        start = time.perf_counter()
+        new_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        if new_mesh is not None:
+            check_tp_degree(self.model.config, new_mesh.size())
+        weights = full_state_dict(self.model)
+        optimizer = full_optimizer_state(self.model, self.optimizer)
+        reference = full_state_dict(self.reference) if self.reference is not None else None
+        self.tp_mesh = new_mesh
+        self.model = self._rebuild(weights)
+        self.model.train()
+        if self.checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = self._new_optimizer()
+        load_full_optimizer_state(self.model, self.optimizer, optimizer)
+        if reference is not None:
+            self.reference = self._rebuild(reference).eval().requires_grad_(False)
+        return time.perf_counter() - start
+
+    def _rebuild(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """A model of the same config on this learner's current split, holding ``weights``."""
+        model = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
+        if self.tp_mesh is not None:
+            shard_model(model, self.tp_mesh)
+        load_full_state_dict(model, weights)
+        return model
 
     def reset_lr(self) -> None:
         for group in self.optimizer.param_groups:

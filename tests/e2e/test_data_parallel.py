@@ -102,3 +102,43 @@ def test_tensor_parallel_ranks_match_one_learner_and_checkpoint_in_the_tp1_forma
     for idx, entry in plain_state.items():
         assert entry["exp_avg"].shape == single_state[idx]["exp_avg"].shape
         assert torch.allclose(entry["exp_avg_sq"], single_state[idx]["exp_avg_sq"], rtol=1e-3, atol=1e-12)
+
+
+def test_layout_switch_between_dp_and_tp_moves_weights_and_optimizer_in_memory(
+        protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
+    enc = ChatEncoder(protocol_tokenizer)
+    specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 300 + i) for i in range(4)]
+    records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
+                                                 limits=RunnerLimits())]
+    advantages = [1.0, -0.5, 0.25, -1.0]
+    algo = AlgoConfig(lr=1e-3, micro_batch=2, epochs=1, kl_coef=0.1)
+    # Reference: one learner taking two steps on the same games.
+    single = Learner(protocol_model, algo=algo, reference_dir=protocol_model, seed=0)
+    for _ in range(2):
+        single.rl_step(single.prepare(records, advantages))
+    expected = single.state_dict()
+
+    with ray_cluster(num_cpus=3):
+        group = TrainerGroup(str(protocol_model), workers=2, tp=1, algo=algo.__dict__,
+                             reference_dir=str(protocol_model), seed=0)
+        try:
+            group.rl_step(records, advantages)                    # step 1 on DP=2
+            before = ray.get(group.weights()[0])
+            to_tp = group.relayout(2)                             # DP=2 -> TP=2
+            after = ray.get(group.weights()[0])
+            split = group.local_parameters()
+            group.rl_step(records, advantages)                    # step 2 on TP=2, with the moved Adam moments
+            back = group.relayout(1)                              # TP=2 -> DP=2
+            got = ray.get(group.weights()[0])
+            whole = group.local_parameters()
+        finally:
+            group.close()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the switch moved the weights bit for bit
+    assert whole[0] == whole[1] > max(split)  # split in two while TP=2, whole again on DP=2
+    assert to_tp > 0 and back > 0
+    # Two steps across the switch land where one learner's two steps do: the optimizer state moved too (a
+    # fresh AdamW for step 2 would take a different, sign-sized step).
+    base = Learner(protocol_model, algo=algo).state_dict()
+    want = torch.cat([(expected[k] - base[k]).flatten() for k in base])
+    have = torch.cat([(got[k] - base[k]).flatten() for k in base])
+    assert torch.nn.functional.cosine_similarity(want, have, dim=0).item() > 0.99
