@@ -3,6 +3,7 @@ iteration, apply the choice to the trainer workers, and check measured peaks aga
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -10,7 +11,7 @@ from typing import Any, Protocol
 from earl_core import events as ev
 from earl_core.config import ParallelismConfig
 from earl_core.parallel.cost import CostModel, ProfilePoint
-from earl_core.parallel.layout import Layout, candidate_layouts
+from earl_core.parallel.layout import Layout, candidate_layouts, tp_degrees
 from earl_core.parallel.memory import GIB, MemoryModel, ModelShape, Work
 from earl_core.parallel.selector import Outlook, Selector, SelectorPolicy
 
@@ -26,91 +27,147 @@ class StageTarget(Protocol):
 
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None: ...
 
-
-def switch_cost(old: Layout, new: Layout) -> float:
-    """Seconds a learner-stage switch costs. Micro-batch and checkpointing changes only change how the next
-    forward pass is cut, so they are free; a change of TP or DP would move weights between ranks, which the
-    trainer does not do yet, so such a switch is made impossible rather than guessed."""
-    return 0.0 if (old.tp, old.dp, old.shard) == (new.tp, new.dp, new.shard) else float("inf")
+    def relayout(self, tp: int) -> float: ...
 
 
 class LayoutPlanner:
-    """Per-run state of the selector for the learner's stages."""
+    """Per-run state of the selector for the learner's stages.
+
+    Both stages run on the same trainer ranks, so they share one TP x DP split: the train stage's selector
+    chooses it (a change moves weights and optimizer state between the ranks, at the switch cost measured
+    while profiling), and the experience stage chooses its micro-batch among the layouts of that split.
+    """
 
     def __init__(self, cfg: ParallelismConfig, *, shape: ModelShape, workers: int, default_micro_batch: int,
                  emit: Callable[[ev.Event], None]) -> None:
         self.cfg = cfg
         self.shape = shape
         self.workers = workers
-        self.tp = cfg.train_tp
         self.emit = emit
         self.budget = cfg.budget_bytes
+        self.tp = cfg.train_tp
+        """TP degree the trainer runs now."""
         # Auto mode has no layout until its first decision; static mode runs the configured one throughout.
         self.current: dict[str, Layout] = {} if cfg.mode == "auto" else {
-            s: Layout(s, tp=self.tp, dp=workers // self.tp, micro_batch=default_micro_batch, checkpointing=cfg.checkpointing and s == "train")
+            s: Layout(s, tp=self.tp, dp=workers // self.tp, micro_batch=default_micro_batch,
+                      checkpointing=cfg.checkpointing and s == "train")
             for s in LEARNER_STAGES}
         self.memory = {s: MemoryModel(shape) for s in LEARNER_STAGES}
         self.samples: dict[str, list[tuple[Layout, Work, int]]] = {s: [] for s in LEARNER_STAGES}
-        self.selectors: dict[str, Selector] = {}
+        self.train_selector: Selector | None = None
+        self.experience_selectors: dict[int, Selector] = {}
+        self.relayout_s: float | None = None
+        """Measured seconds of one TP/DP switch (mean of those made while profiling)."""
+        self.switching_s = 0.0
+        """Seconds spent switching TP/DP during the run."""
         self.over_budget = 0
 
     @property
     def auto(self) -> bool:
         return self.cfg.mode == "auto"
 
-    def candidates(self, stage: str) -> list[Layout]:
-        """Layouts the trainer can run without moving weights: its TP degree (parallelism.train_tp), no FSDP."""
+    def tp_options(self) -> list[int]:
+        """TP degrees the trainer may run: the configured one in static mode; in auto mode every degree that
+        divides the workers, the heads and the MLP width."""
+        if not self.auto:
+            return [self.cfg.train_tp]
+        return [tp for tp in tp_degrees(self.workers, self.shape.heads, self.shape.kv_heads)
+                if self.shape.kv_heads % tp == 0 and self.shape.intermediate % tp == 0]
+
+    def candidates(self, stage: str, tp: int | None = None) -> list[Layout]:
+        """Layouts the trainer can run (no FSDP yet), of one TP degree or of all it may run."""
         every = candidate_layouts(stage, self.workers, heads=self.shape.heads, kv_heads=self.shape.kv_heads,
                                   micro_batches=tuple(self.cfg.micro_batch_list))
-        return [c for c in every if c.tp == self.tp and c.shard == "none"]
+        tps = self.tp_options() if tp is None else [tp]
+        return [c for c in every if c.tp in tps and c.shard == "none"]
+
+    def switch_cost(self, old: Layout, new: Layout) -> float:
+        """Seconds a switch costs. Micro-batch and checkpointing changes only change how the next forward pass
+        is cut: free. A TP/DP change moves weights and optimizer state: what it measured while profiling."""
+        if (old.tp, old.dp, old.shard) == (new.tp, new.dp, new.shard):
+            return 0.0
+        return self.relayout_s if self.relayout_s is not None else float("inf")
+
+    def _relayout(self, target: StageTarget, tp: int) -> float:
+        seconds = target.relayout(tp)
+        self.tp = tp
+        return seconds
 
     def start(self, target: StageTarget) -> None:
-        """Static: apply and announce the configured layouts. Auto: profile every candidate, then build selectors."""
+        """Static: apply and announce the configured layouts. Auto: profile every candidate on every TP degree
+        (timing the switches between them), then build the selectors."""
         if not self.auto:
             for stage, layout in self.current.items():
                 target.set_layout(stage, layout.micro_batch, layout.checkpointing)
                 self.emit(ev.SelectorDecision(stage=stage, old_layout=None, new_layout=layout.to_dict(),
                                               reason="static: parallelism.mode=static, micro-batch from algo.micro_batch, "
-                                                     "checkpointing from parallelism.checkpointing",
+                                                     "checkpointing from parallelism.checkpointing, "
+                                                     "TP from parallelism.train_tp",
                                               switched=False, candidates=[]))
             return
         started = time.perf_counter()
         profiled = 0
-        for stage in LEARNER_STAGES:
-            cost = CostModel()
-            for context in self.cfg.context_list:
-                for layout in sorted(self.candidates(stage), key=lambda c: (c.micro_batch, c.checkpointing)):
-                    work = Work(sequences=layout.micro_batch * layout.dp, context=context)
-                    if self.budget is not None and self.memory[stage].predict(layout, work).total > self.budget:
-                        continue  # never run what is predicted not to fit, not even to measure it
-                    r = target.profile(stage, layout.micro_batch, context, layout.checkpointing)
-                    cost.add(ProfilePoint(layout, context, r["tokens_per_s"] * layout.dp))
-                    self.samples[stage].append((layout, work, int(r["peak_bytes"])))
-                    # Refit as we go, so the guard above uses what has been measured so far.
-                    self.memory[stage].calibrate(self.samples[stage])
-                    profiled += 1
-            self.selectors[stage] = Selector(
-                stage, self.candidates(stage), cost=cost, memory=self.memory[stage], budget_bytes=self.budget,
-                switch_cost=switch_cost, policy=SelectorPolicy(hysteresis=self.cfg.hysteresis, horizon=self.cfg.horizon))
+        costs = {s: CostModel() for s in LEARNER_STAGES}
+        switches: list[float] = []
+        first = self.tp
+        for tp in [first] + [t for t in self.tp_options() if t != first]:
+            if tp != self.tp:
+                switches.append(self._relayout(target, tp))
+            for stage in LEARNER_STAGES:
+                for context in self.cfg.context_list:
+                    for layout in sorted(self.candidates(stage, tp), key=lambda c: (c.micro_batch, c.checkpointing)):
+                        work = Work(sequences=layout.micro_batch * layout.dp, context=context)
+                        if self.budget is not None and self.memory[stage].predict(layout, work).total > self.budget:
+                            continue  # never run what is predicted not to fit, not even to measure it
+                        r = target.profile(stage, layout.micro_batch, context, layout.checkpointing)
+                        costs[stage].add(ProfilePoint(layout, context, r["tokens_per_s"] * layout.dp))
+                        self.samples[stage].append((layout, work, int(r["peak_bytes"])))
+                        # Refit as we go, so the guard above uses what has been measured so far.
+                        self.memory[stage].calibrate(self.samples[stage])
+                        profiled += 1
+        if self.tp != first:
+            switches.append(self._relayout(target, first))
+        self.relayout_s = sum(switches) / len(switches) if switches else None
+        policy = SelectorPolicy(hysteresis=self.cfg.hysteresis, horizon=self.cfg.horizon)
+        self.train_selector = Selector("train", self.candidates("train"), cost=costs["train"],
+                                       memory=self.memory["train"], budget_bytes=self.budget,
+                                       switch_cost=self.switch_cost, policy=policy)
+        self.experience_selectors = {
+            tp: Selector("experience", self.candidates("experience", tp), cost=costs["experience"],
+                         memory=self.memory["experience"], budget_bytes=self.budget, switch_cost=self.switch_cost,
+                         policy=policy)
+            for tp in self.tp_options()}
         seconds = time.perf_counter() - started
         cal = {s: self.memory[s].calibration for s in LEARNER_STAGES}
-        self.emit(ev.Log("info", f"selector: profiled {profiled} layout x context points in {seconds:.1f} s; memory "
-                                 "calibration " + ", ".join(f"{s}: overhead {c.overhead / GIB:.2f} GiB x{c.scale:.2f}"
-                                                           for s, c in cal.items())))
+        switch = f"; a TP/DP switch takes {self.relayout_s:.2f} s" if self.relayout_s is not None else ""
+        self.emit(ev.Log("info", f"selector: profiled {profiled} layout x context points in {seconds:.1f} s{switch}; "
+                                 "memory calibration " + ", ".join(f"{s}: overhead {c.overhead / GIB:.2f} GiB x{c.scale:.2f}"
+                                                                   for s, c in cal.items())))
 
     def before_iteration(self, iteration: int, records: Sequence[dict[str, Any]], iterations_left: int,
                          target: StageTarget) -> None:
         """Decide each learner stage's layout for this iteration's sequences (auto mode) and apply it."""
         if not self.auto or not records:
             return
+        assert self.train_selector is not None, "start() first"
         lengths = [len(r["token_ids"]) for r in records]
         outlook = Outlook(context_mean=sum(lengths) / len(lengths), context_max=max(lengths), sequences=len(lengths),
                           iterations_left=iterations_left, lengths=tuple(lengths))
-        for stage in LEARNER_STAGES:
-            decision = self.selectors[stage].decide(outlook, self.current.get(stage))
-            if decision.new != self.current.get(stage):
-                target.set_layout(stage, decision.new.micro_batch, decision.new.checkpointing)
-                self.current[stage] = decision.new
+        train = self.train_selector.decide(outlook, self.current.get("train"))
+        if train.new.tp != self.tp:
+            t = time.perf_counter()
+            self._relayout(target, train.new.tp)
+            self.switching_s += time.perf_counter() - t
+        old_exp = self.current.get("experience")
+        following = old_exp is not None and old_exp.tp != self.tp
+        experience = self.experience_selectors[self.tp].decide(outlook, None if following else old_exp)
+        if following:
+            experience = dataclasses.replace(experience, old=old_exp, switched=True,
+                                             reason=f"follows the train stage to tp{self.tp}: {experience.reason}")
+        for decision in (experience, train):
+            if decision.new != self.current.get(decision.stage):
+                target.set_layout(decision.stage, decision.new.micro_batch, decision.new.checkpointing)
+                self.current[decision.stage] = decision.new
             self.emit(ev.SelectorDecision(**decision.event_data(), iteration=iteration))
 
     def after_iteration(self, metrics: dict[str, float], records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -132,5 +189,7 @@ class LayoutPlanner:
                 self.samples[stage].append((layout, Work(sequences=len(records), context=context), int(peak)))
                 self.memory[stage].calibrate(self.samples[stage])
             out[f"selector/{stage}_micro_batch"] = float(layout.micro_batch)
+        out["selector/train_tp"] = float(self.tp)
+        out["selector/switching_s"] = self.switching_s
         out["selector/over_budget_events"] = float(self.over_budget)
         return out

@@ -135,15 +135,16 @@ def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session:
     assert not (cfg.run_dir / "checkpoints" / "iter_000000").exists()  # half a warm start is no starting point
 
 
-def _selector_config(tmp_path: Path, name: str, **parallelism: object) -> RunConfig:
-    return _config(tmp_path, name=name, trainer_workers=1, sft={"enabled": False},
+def _selector_config(tmp_path: Path, name: str, workers: int = 1, **parallelism: object) -> RunConfig:
+    return _config(tmp_path, name=name, trainer_workers=workers, sft={"enabled": False},
                    rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6},
                    parallelism={"micro_batches": "1,4", "profile_contexts": "64,256", **parallelism})
 
 
 def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_path: Path) -> None:
     got: list[dict] = []
-    summary = train(_selector_config(tmp_path, "auto", mode="auto", memory_budget_gib=64), got.append)
+    # Two trainer ranks: the selector may run them as DP=2 or TP=2, and profiles both (switching in between).
+    summary = train(_selector_config(tmp_path, "auto", workers=2, mode="auto", memory_budget_gib=64), got.append)
     assert summary.status == "succeeded"
     validator = jsonschema.Draft202012Validator(ev.load_schema())
     decisions = [e["data"] for e in got if e["type"] == "selector.decision"]
@@ -152,9 +153,16 @@ def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_p
     # One decision per learner stage per iteration, each ranking the profiled candidates with predictions.
     assert [d["stage"] for d in decisions] == ["experience", "train"] * 2
     train_keys = {c["layout"] for c in decisions[1]["candidates"]}
-    assert train_keys == {"tp1.dp1.mb1", "tp1.dp1.mb4", "tp1.dp1.mb1+ckpt", "tp1.dp1.mb4+ckpt"}
+    assert train_keys == {f"{split}.mb{mb}{ckpt}" for split in ("tp1.dp2", "tp2.dp1") for mb in (1, 4)
+                          for ckpt in ("", "+ckpt")}
     assert all(c["fits"] and c["tokens_per_s"] > 0 and c["memory_bytes"] > 0 for c in decisions[1]["candidates"])
-    assert any(e["type"] == "log" and e["data"]["message"].startswith("selector: profiled 12 ") for e in got)
+    # The experience stage follows the train stage's split: its candidates are that split's micro-batches.
+    for exp, tr in zip(decisions[0::2], decisions[1::2]):
+        split = tr["new_layout"]["key"].split(".mb")[0]
+        assert {c["layout"] for c in exp["candidates"]} == {f"{split}.mb1", f"{split}.mb4"}
+    # 8 train layouts and 4 experience layouts, each at 2 contexts; one switch to TP=2 and one back.
+    logs = [e["data"]["message"] for e in got if e["type"] == "log"]
+    assert any(m.startswith("selector: profiled 24 ") and "a TP/DP switch takes" in m for m in logs), logs
     chosen = [m["values"]["selector/train_micro_batch"] for m in (e["data"] for e in got if e["type"] == "metrics")
               if "selector/train_micro_batch" in m["values"]]
     assert len(chosen) == 2 and all(mb in (1.0, 4.0) for mb in chosen)
