@@ -3,21 +3,22 @@
 The workload is one run's worth of real Connect Four conversations (agent protocol, heuristic moves against a
 random opponent) from an agent that "thinks" before each answer: its answers carry a filler whose length, and the
 context limit, grow from iteration to iteration (by default 512 -> 8192 tokens per game). The same games are then
-trained on, iteration after iteration, by a fresh trainer worker (the real Ray actor, Learner and LayoutPlanner a
+trained on, iteration after iteration, by fresh trainer workers (the real Ray actors, Learner and LayoutPlanner a
 training run uses; experience = old and reference log-probs, train = a PPO/KL step) once per mode:
 
-- every static layout of the learner stages the trainer can run (micro-batch x activation checkpointing), and
-- `parallelism.mode=auto`, which profiles the candidates at start-up, then re-picks each stage's layout before
-  every iteration.
+- every static layout the trainer can run: each TP x DP split of the workers (DP=2 or TP=2 for two workers),
+  each micro-batch, activation checkpointing off and on; and
+- `parallelism.mode=auto`, which profiles all of them at start-up (switching the split in memory between TP
+  degrees, timed), then re-picks each stage's layout before every iteration.
 
 Every mode runs under the same per-worker memory budget: a measured peak over it is counted as an over-budget
 event (on a GPU it would have been an out-of-memory failure). Reported per context range and for the whole run:
 learner tokens per second per worker, over-budget events, time spent switching and profiling.
 
-What this does NOT cover yet (issue 4): rollout-stage layouts (vLLM tensor_parallel_size), tensor-parallel and
-FSDP learner layouts. The rollout stage is left out of the workload because no layout of it is chosen yet.
+Not covered (issue 4): rollout-stage layouts (vLLM tensor_parallel_size) and FSDP; the rollout stage is left out of
+the workload because no layout of it is chosen yet.
 
-    .venv/bin/python bench/selector_bench.py [--contexts 512,1024,2048,4096,8192] [--budget-gib 2.0]
+    .venv/bin/python bench/selector_bench.py [--contexts 512,1024,2048,4096,8192] [--workers 2] [--budget-gib 1.5]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from earl_core.config import AlgoConfig, ParallelismConfig
 from earl_core.engines.base import Generation
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
 from earl_core.models import create_model
+from earl_core.parallel.layout import Layout
 from earl_core.parallel.memory import GIB, ModelShape
 from earl_core.parallel.planner import LayoutPlanner
 from earl_core.ray_exec.cluster import ray_cluster
@@ -90,19 +92,25 @@ def workload(model_dir: Path, contexts: list[int], games: int, seed: int) -> lis
     return out
 
 
-def static_layouts(micro_batches: list[int]) -> list[tuple[int, bool]]:
-    return [(mb, ckpt) for mb in micro_batches for ckpt in (False, True)]
+def static_layouts(workers: int, micro_batches: list[int], model_dir: Path) -> list[Layout]:
+    """Every layout of the train stage the trainer can run: each TP x DP split of the workers the model allows,
+    each micro-batch, activation checkpointing off and on (the experience stage uses the same split and
+    micro-batch)."""
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
+    planner = LayoutPlanner(ParallelismConfig(mode="auto", micro_batches=",".join(map(str, micro_batches))),
+                            shape=shape, workers=workers, default_micro_batch=1, emit=lambda e: None)
+    return sorted(planner.candidates("train"), key=lambda c: (c.tp, c.micro_batch, c.checkpointing))
 
 
 def run_mode(name: str, model_dir: Path, iterations: list[list[dict[str, Any]]], limits: list[int], *,
-             parallelism: ParallelismConfig, algo: AlgoConfig, threads: int, seed: int) -> dict[str, Any]:
+             parallelism: ParallelismConfig, algo: AlgoConfig, workers: int, threads: int, seed: int) -> dict[str, Any]:
     """Train on the workload once with one mode; per-iteration tokens, times, peaks and decisions."""
     events: list[ev.Event] = []
     hf = AutoConfig.from_pretrained(model_dir).to_dict()
-    trainer = TrainerGroup(str(model_dir), workers=1, algo=asdict(algo), reference_dir=str(model_dir), seed=seed,
-                           num_cpus=threads)
+    trainer = TrainerGroup(str(model_dir), workers=workers, algo=asdict(algo), reference_dir=str(model_dir), seed=seed,
+                           num_cpus=threads, tp=parallelism.train_tp)
     try:
-        planner = LayoutPlanner(parallelism, shape=ModelShape.from_hf_config(hf), workers=1,
+        planner = LayoutPlanner(parallelism, shape=ModelShape.from_hf_config(hf), workers=workers,
                                 default_micro_batch=algo.micro_batch, emit=events.append)
         # Warm-up, untimed and the same for every mode: one step on the first iteration's games, so no mode is
         # charged for first-call costs (thread pools, allocator growth).
@@ -139,7 +147,7 @@ def run_mode(name: str, model_dir: Path, iterations: list[list[dict[str, Any]]],
                 "switched": [e.stage for e in new if isinstance(e, ev.SelectorDecision) and e.switched],
                 "selector_micro_batch": {k: v for k, v in after.items() if k.endswith("_micro_batch")},
             })
-            print(f"  {name:>12} it {it:2d} ctx {max(lengths):5d} exp {rows[-1]['experience_s']:6.2f}s "
+            print(f"  {name:>16} it {it:2d} ctx {max(lengths):5d} exp {rows[-1]['experience_s']:6.2f}s "
                   f"train {rows[-1]['train_s']:6.2f}s peak {max(rows[-1]['experience_peak_gib'], rows[-1]['train_peak_gib']):.2f} GiB "
                   f"{rows[-1]['layouts']['train']}{' OVER' if rows[-1]['over_budget'] else ''}", flush=True)
         logs = [e.message for e in events if isinstance(e, ev.Log)]
@@ -148,7 +156,7 @@ def run_mode(name: str, model_dir: Path, iterations: list[list[dict[str, Any]]],
         trainer.close()
 
 
-def summarize(run: dict[str, Any], ranges: list[int]) -> dict[str, Any]:
+def summarize(run: dict[str, Any], ranges: list[int], workers: int) -> dict[str, Any]:
     rows = run["iterations"]
     per_range = {}
     for limit in ranges:
@@ -156,6 +164,7 @@ def summarize(run: dict[str, Any], ranges: list[int]) -> dict[str, Any]:
         seconds = sum(r["experience_s"] + r["train_s"] for r in sel)
         per_range[str(limit)] = {
             "tokens_per_s": sum(r["tokens"] for r in sel) / seconds,
+            "tokens_per_s_per_worker": sum(r["tokens"] for r in sel) / seconds / workers,
             "over_budget": sum(r["over_budget"] for r in sel),
             "context_max": max(r["context_max"] for r in sel),
             "context_mean": sum(r["context_mean"] for r in sel) / len(sel),
@@ -166,6 +175,7 @@ def summarize(run: dict[str, Any], ranges: list[int]) -> dict[str, Any]:
     return {
         "per_range": per_range,
         "tokens_per_s": sum(r["tokens"] for r in rows) / total_s,
+        "tokens_per_s_per_worker": sum(r["tokens"] for r in rows) / total_s / workers,
         "tokens_per_s_with_profiling": sum(r["tokens"] for r in rows) / (total_s + run["profile_s"]),
         "over_budget": sum(r["over_budget"] for r in rows),
         "switch_s": switch_s,
@@ -184,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--games", type=int, default=8, help="games per iteration")
     p.add_argument("--micro-batches", default="1,2,4,8", help="micro-batch sizes of the static and auto candidates")
     p.add_argument("--profile-contexts", default="256,1024,4096", help="auto mode's profile points")
-    p.add_argument("--budget-gib", type=float, default=2.0, help="memory budget per trainer worker")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of the trainer worker")
-    p.add_argument("--modes", default="", help="comma-separated subset, e.g. auto,mb4,mb8+ckpt (default: all)")
+    p.add_argument("--budget-gib", type=float, default=1.5, help="memory budget per trainer worker")
+    p.add_argument("--workers", type=int, default=2, help="trainer workers (ranks); their TP x DP split is chosen")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of each trainer worker")
+    p.add_argument("--modes", default="", help="comma-separated subset, e.g. auto,tp1.dp2.mb4,tp2.dp1.mb8+ckpt "
+                                               "(default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "results" / "selector_bench.json"))
     args = p.parse_args(argv)
@@ -196,19 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     algo = AlgoConfig(kl_coef=0.05)  # a reference model, so experience = old + reference log-probs
     base = dict(memory_budget_gib=args.budget_gib, micro_batches=args.micro_batches,
                 profile_contexts=args.profile_contexts)
-    modes: dict[str, tuple[ParallelismConfig, AlgoConfig]] = {
-        "auto": (ParallelismConfig(mode="auto", **base), algo)}
-    for mb, ckpt in static_layouts(micro_batches):
-        modes[f"mb{mb}{'+ckpt' if ckpt else ''}"] = (ParallelismConfig(mode="static", checkpointing=ckpt, **base),
-                                                    AlgoConfig(**{**asdict(algo), "micro_batch": mb}))
-    wanted = [m for m in args.modes.split(",") if m] or list(modes)
-    unknown = sorted(set(wanted) - set(modes))
-    if unknown:
-        p.error(f"--modes: unknown {unknown} (allowed: {', '.join(modes)})")
-
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, ray_cluster(num_cpus=args.threads):
+    with tempfile.TemporaryDirectory() as tmp, ray_cluster(num_cpus=args.threads * args.workers):
         model_dir = create_model("tiny", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed), seed=args.seed)
+        modes: dict[str, tuple[ParallelismConfig, AlgoConfig]] = {
+            "auto": (ParallelismConfig(mode="auto", **base), algo)}
+        for layout in static_layouts(args.workers, micro_batches, model_dir):
+            modes[layout.key] = (
+                ParallelismConfig(mode="static", train_tp=layout.tp, checkpointing=layout.checkpointing, **base),
+                AlgoConfig(**{**asdict(algo), "micro_batch": layout.micro_batch}))
+        wanted = [m for m in args.modes.split(",") if m] or list(modes)
+        unknown = sorted(set(wanted) - set(modes))
+        if unknown:
+            p.error(f"--modes: unknown {unknown} (allowed: {', '.join(modes)})")
         t = time.perf_counter()
         schedule = [c for c in contexts for _ in range(args.repeat)]
         iterations = workload(model_dir, schedule, args.games, args.seed)
@@ -220,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             parallelism, mode_algo = modes[name]
             print(f"mode {name}", flush=True)
             runs[name] = run_mode(name, model_dir, iterations, schedule, parallelism=parallelism, algo=mode_algo,
-                                  threads=args.threads, seed=args.seed)
+                                  workers=args.workers, threads=args.threads, seed=args.seed)
 
-    summary = {name: summarize(run, contexts) for name, run in runs.items()}
+    summary = {name: summarize(run, contexts, args.workers) for name, run in runs.items()}
     statics = [n for n in summary if n != "auto"]
     result: dict[str, Any] = {
         "machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
@@ -260,13 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     print()
-    header = "mode".ljust(12) + "".join(f"{c:>9}" for c in contexts) + "    whole  over  maxGiB"
-    print("learner tokens/s per worker by context range (iteration's longest game)")
+    header = "mode".ljust(18) + "".join(f"{c:>9}" for c in contexts) + "    whole  over  maxGiB"
+    print(f"learner tokens/s of the {args.workers} trainer workers together (divide by {args.workers} for per worker), "
+          "by context range")
     print(header)
     for name, s in summary.items():
         cells = "".join(f"{s['per_range'][str(c)]['tokens_per_s']:8.0f}{'!' if s['per_range'][str(c)]['over_budget'] else ' '}"
                         for c in contexts)
-        print(f"{name:<12}{cells} {s['tokens_per_s']:8.0f} {s['over_budget']:5d} {s['max_peak_gib']:7.2f}")
+        print(f"{name:<18}{cells} {s['tokens_per_s']:8.0f} {s['over_budget']:5d} {s['max_peak_gib']:7.2f}")
     print("(! = a measured peak over the budget of %.2f GiB in that range)" % args.budget_gib)
     if "ratios" in result:
         print(json.dumps({"ratios": result["ratios"], "targets": result["targets"],
