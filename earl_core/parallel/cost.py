@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,14 +51,41 @@ def fit_line(points: Iterable[tuple[int, float]]) -> LinearFit:
     return LinearFit(fixed=my - slope * mx, per_context=slope, points=n)
 
 
+OBSERVATIONS_KEPT = 4
+"""Measured/predicted ratios kept per layout (recent ones: the work drifts as context grows)."""
+
+
 class CostModel:
-    """Per-layout fits of profiled throughput."""
+    """Per-layout fits of profiled throughput, corrected by how long the real stage then took.
+
+    A profile times one micro-batch of random tokens; the real stage also packs the batch, runs the reference
+    model, steps the optimizer, and sees other lengths. Each iteration's measured/predicted ratio is kept per
+    layout; a layout never run yet borrows the median ratio of those that were (the part every layout shares).
+    """
 
     def __init__(self, points: Iterable[ProfilePoint] = ()) -> None:
         self._points: dict[Layout, list[tuple[int, float]]] = defaultdict(list)
         self._fits: dict[Layout, LinearFit] = {}
+        self._ratios: dict[Layout, list[float]] = defaultdict(list)
         for p in points:
             self.add(p)
+
+    def observe(self, layout: Layout, ratio: float) -> None:
+        """Record that a stage on ``layout`` took ``ratio`` times its (uncorrected) prediction."""
+        if not math.isfinite(ratio) or ratio <= 0:
+            return
+        kept = self._ratios[layout]
+        kept.append(ratio)
+        del kept[:-OBSERVATIONS_KEPT]
+
+    def correction(self, layout: Layout) -> float:
+        """Factor on the profiled prediction: the geometric mean of this layout's recent ratios, else the median
+        of every layout's, else 1."""
+        own = self._ratios.get(layout)
+        if own:
+            return math.exp(sum(math.log(r) for r in own) / len(own))
+        every = [r for rs in self._ratios.values() for r in rs]
+        return statistics.median(every) if every else 1.0
 
     def add(self, point: ProfilePoint) -> None:
         """Add a measurement (from start-up profiling or from a real iteration) and refit that layout."""

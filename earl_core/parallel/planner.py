@@ -18,6 +18,7 @@ from earl_core.parallel.selector import Outlook, Selector, SelectorPolicy
 LEARNER_STAGES = ("experience", "train")
 """Stages the trainer workers run (rollout layouts belong to the rollout workers)."""
 PEAK_KEYS = {"experience": "memory/experience_peak_bytes", "train": "memory/train_peak_bytes"}
+TIME_KEYS = {"experience": "perf/experience_s", "train": "perf/train_s"}
 
 
 class StageTarget(Protocol):
@@ -61,6 +62,7 @@ class LayoutPlanner:
         self.switching_s = 0.0
         """Seconds spent switching TP/DP during the run."""
         self.over_budget = 0
+        self._outlook: Outlook | None = None
 
     @property
     def auto(self) -> bool:
@@ -153,6 +155,7 @@ class LayoutPlanner:
         lengths = [len(r["token_ids"]) for r in records]
         outlook = Outlook(context_mean=sum(lengths) / len(lengths), context_max=max(lengths), sequences=len(lengths),
                           iterations_left=iterations_left, lengths=tuple(lengths))
+        self._outlook = outlook
         train = self.train_selector.decide(outlook, self.current.get("train"))
         if train.new.tp != self.tp:
             t = time.perf_counter()
@@ -175,6 +178,14 @@ class LayoutPlanner:
         the peaks also refine the memory calibration. Returns selector metrics."""
         out: dict[str, float] = {}
         context = max((len(r["token_ids"]) for r in records), default=0)
+        if self.auto and self._outlook is not None and self.train_selector is not None:
+            # How long the stages really took corrects the profile-based predictions of the next decisions.
+            for stage, selector in (("experience", self.experience_selectors[self.tp]), ("train", self.train_selector)):
+                seconds = metrics.get(TIME_KEYS[stage])
+                if seconds:
+                    out[f"selector/{stage}_predicted_s"] = selector.stage_seconds(self.current[stage], self._outlook)
+                    selector.observe(self.current[stage], self._outlook, seconds)
+            self._outlook = None
         for stage, key in PEAK_KEYS.items():
             peak = metrics.get(key)
             layout = self.current.get(stage)

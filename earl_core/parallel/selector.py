@@ -122,9 +122,18 @@ class Selector:
         return out
 
     def stage_seconds(self, layout: Layout, outlook: Outlook) -> float:
-        """Predicted seconds of the stage on ``layout``. With the sequence lengths known: split across the DP
-        ranks by tokens and cut into micro-batches exactly as the stage will, each micro-batch costing its
-        padded size at the throughput profiled for its length; the slowest rank sets the time."""
+        """Predicted seconds of the stage on ``layout``: the profiled prediction times the correction learnt from
+        measured stages (CostModel.correction)."""
+        return self.profiled_seconds(layout, outlook) * self.cost.correction(layout)
+
+    def observe(self, layout: Layout, outlook: Outlook, measured_seconds: float) -> None:
+        """Feed back how long the stage really took on ``layout`` for ``outlook``'s work."""
+        self.cost.observe(layout, measured_seconds / self.profiled_seconds(layout, outlook))
+
+    def profiled_seconds(self, layout: Layout, outlook: Outlook) -> float:
+        """Seconds of the stage on ``layout`` from the profile alone. With the sequence lengths known: split
+        across the DP ranks by tokens and cut into micro-batches exactly as the stage will, each micro-batch
+        costing its padded size at the throughput profiled for its length; the slowest rank sets the time."""
         if not outlook.lengths:
             return outlook.tokens / self.cost.tokens_per_s(layout, round(outlook.context_mean))
         lengths = outlook.lengths

@@ -259,3 +259,36 @@ def test_ragged_lengths_are_costed_with_their_padding():
     sel2 = Selector("train", [dp2], cost=CostModel([ProfilePoint(dp2, 256, 2000.0)]), memory=MemoryModel(TINY),
                     budget_bytes=None, switch_cost=lambda a, b: 0.0)
     assert sel2.stage_seconds(dp2, outlook) == pytest.approx(4000 / 1000.0)
+
+
+def test_measured_stage_times_correct_the_profile():
+    """Profiled, MB8 looks 2x faster than MB1; the real stage on MB8 then takes 3x its prediction. The selector
+    learns that and moves to MB1; a layout never run borrows the median correction (the shared part)."""
+    mb1, mb2, mb8 = (Layout("train", micro_batch=m) for m in (1, 2, 8))
+    cost = CostModel([ProfilePoint(mb1, c, 1000.0) for c in (256, 4096)] +
+                     [ProfilePoint(mb2, c, 1000.0) for c in (256, 4096)] +
+                     [ProfilePoint(mb8, c, 2000.0) for c in (256, 4096)])
+    sel = Selector("train", [mb1, mb2, mb8], cost=cost, memory=MemoryModel(TINY), budget_bytes=None,
+                   switch_cost=lambda a, b: 0.0, policy=SelectorPolicy(hysteresis=0.05))
+    lengths = (1000,) * 8
+    outlook = Outlook(1000, 1000, 8, iterations_left=10, lengths=lengths)
+    first = sel.decide(outlook, None)
+    assert first.new == mb8
+    predicted = sel.stage_seconds(mb8, outlook)
+    assert predicted == pytest.approx(8000 / 2000.0)
+    sel.observe(mb8, outlook, 3 * predicted)
+    assert sel.stage_seconds(mb8, outlook) == pytest.approx(3 * predicted)
+    # MB1 and MB2 were never run: they borrow MB8's ratio (the only one), so MB8 still leads ...
+    assert cost.correction(mb1) == pytest.approx(3.0)
+    assert sel.decide(outlook, mb8).new == mb8
+    # ... until MB1 is measured at its prediction: the median of (3, 1) = 2 for MB2, MB1 at x1 now leads.
+    sel.observe(mb1, outlook, sel.profiled_seconds(mb1, outlook))
+    assert cost.correction(mb1) == pytest.approx(1.0) and cost.correction(mb2) == pytest.approx(2.0)
+    second = sel.decide(outlook, mb8)
+    assert second.new == mb1 and second.switched
+    # Only recent ratios count, and junk is ignored.
+    for _ in range(5):
+        sel.observe(mb8, outlook, predicted)
+    cost.observe(mb8, float("nan"))
+    cost.observe(mb8, -1.0)
+    assert cost.correction(mb8) == pytest.approx(1.0)
