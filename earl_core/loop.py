@@ -156,7 +156,8 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         if cfg.rollout.engine == "vllm":
             engine_opts = {"kv_cache_gib": cfg.rollout.kv_cache_gib, "max_model_len": cfg.rollout.max_context,
                            "seed": cfg.seed, "gpu_memory_utilization": 0.8 * gpus if gpus else 0.8}
-        check_tp_degree(AutoConfig.from_pretrained(init_dir), cfg.parallelism.train_tp, "parallelism.train_tp")
+        hf_config = AutoConfig.from_pretrained(init_dir)
+        check_tp_degree(hf_config, cfg.parallelism.train_tp, "parallelism.train_tp")
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
                                num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp)
@@ -172,7 +173,7 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
             # what --resume restarts from without repeating the warm start.
             last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
-        planner = LayoutPlanner(cfg.parallelism, shape=ModelShape.from_hf_config(_hf_config(init_dir)),
+        planner = LayoutPlanner(cfg.parallelism, shape=ModelShape.from_hf_config(hf_config.to_dict()),
                                 workers=cfg.trainer_workers, default_micro_batch=cfg.algo.micro_batch, emit=stream.emit)
         planner.start(trainer)
         rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts,
@@ -198,10 +199,6 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             last_ckpt = _checkpoint(cfg, trainer, done, baseline)
     stream.emit(ev.RunStatus("succeeded", f"{done} iterations"))
     return RunSummary("succeeded", done, last_ckpt, values, str(run_dir))
-
-
-def _hf_config(model_dir: str) -> dict[str, Any]:
-    return AutoConfig.from_pretrained(model_dir).to_dict()
 
 
 def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,

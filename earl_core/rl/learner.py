@@ -35,6 +35,11 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    # Non-reentrant checkpointing works with inputs that need no grad (token ids).
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Learner:
     """Holds the trained policy, its optimiser and (when KL is on) a frozen reference copy."""
 
@@ -194,8 +199,7 @@ class Learner:
         self.train_micro_batch = micro_batch
         if checkpointing != self.checkpointing:
             if checkpointing:
-                # Non-reentrant checkpointing works with inputs that need no grad (token ids).
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                _enable_checkpointing(self.model)
             else:
                 self.model.gradient_checkpointing_disable()
             self.checkpointing = checkpointing
@@ -230,12 +234,11 @@ class Learner:
         return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
                 "peak_bytes": float(peak.bytes)}
 
-    def relayout(self, tp_mesh: DeviceMesh | None) -> float:
+    def relayout(self, tp_mesh: DeviceMesh | None) -> None:
         """Move the policy, its optimizer state and the reference to another TP split, in memory.
 
         Every rank of the old and of the new TP group calls it. Full tensors are gathered from the old split and
-        each rank keeps its slice of the new one (bit-exact: nothing is recomputed). Returns the seconds taken."""
-        start = time.perf_counter()
+        each rank keeps its slice of the new one (bit-exact: nothing is recomputed)."""
         new_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
         if new_mesh is not None:
             check_tp_degree(self.model.config, new_mesh.size())
@@ -246,12 +249,11 @@ class Learner:
         self.model = self._rebuild(weights)
         self.model.train()
         if self.checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_checkpointing(self.model)
         self.optimizer = self._new_optimizer()
         load_full_optimizer_state(self.model, self.optimizer, optimizer)
         if reference is not None:
             self.reference = self._rebuild(reference).eval().requires_grad_(False)
-        return time.perf_counter() - start
 
     def _rebuild(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
         """A model of the same config on this learner's current split, holding ``weights``."""
