@@ -15,8 +15,8 @@ Every mode runs under the same per-worker memory budget: a measured peak over it
 event (on a GPU it would have been an out-of-memory failure). Reported per context range and for the whole run:
 learner tokens per second per worker, over-budget events, time spent switching and profiling.
 
-Not covered (issue 4): rollout-stage layouts (vLLM tensor_parallel_size) and FSDP; the rollout stage is left out of
-the workload because no layout of it is chosen yet.
+The rollout stage (vLLM engine layouts) has its own bench on the same workload: rollout_selector_bench.py.
+Not covered (issue 4): FSDP.
 
     .venv/bin/python bench/selector_bench.py [--contexts 512,1024,2048,4096,8192] [--workers 2] [--budget-gib 1.5]
 """

@@ -71,6 +71,11 @@ class VLLMEngine:
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = model_config.get_vocab_size()
         self.max_model_len = model_config.max_model_len
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        # Tokens the KV cache holds across all running sequences (per rank it holds each token's share of the
+        # KV heads, so a TP engine holds more): past it vLLM preempts and recomputes sequences.
+        self.kv_capacity_tokens: int | None = (
+            int(cache.num_gpu_blocks) * int(cache.block_size) if cache.num_gpu_blocks else None)
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
         """Sample continuations for all prompts in one vLLM call; logprobs are raw."""

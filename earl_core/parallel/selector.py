@@ -9,16 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from earl_core.errors import EarlError
 from earl_core.parallel.cost import CostModel
 from earl_core.parallel.layout import Layout
-from earl_core.parallel.memory import GIB, MemoryModel, Work
+from earl_core.parallel.memory import GIB, MemoryEstimate, Work
 from earl_core.rl.batch import balance_by_tokens, chunk_by_length
 
 SwitchCost = Callable[[Layout, Layout], float]
 """Seconds a switch from the first layout to the second costs (resharding weights, rebuilding engines)."""
+
+
+BudgetFor = Callable[[Layout], "int | None"]
+"""Bytes a worker of the layout may hold (None = unlimited), when the budget depends on the layout."""
+
+
+class MemoryPredictor(Protocol):
+    """Predicted peak bytes per worker of a layout for some work (MemoryModel, or a rollout engine's KV cache)."""
+
+    def predict(self, layout: Layout, work: Work) -> MemoryEstimate: ...
 
 
 class NoLayoutFits(EarlError):
@@ -40,9 +50,14 @@ class Outlook:
     lengths: tuple[int, ...] = ()
     """The coming sequences' lengths when known (the learner's stages run after the games are played): the
     stage time is then predicted micro-batch by micro-batch, padding included, as the stage will cut them."""
+    work_tokens: float = 0.0
+    """Tokens the stage processes when that is not ``context_mean x sequences`` (rollout: every conversation's
+    whole length, advanced turn by turn while ``context_mean`` is the mean context of a turn)."""
 
     @property
     def tokens(self) -> float:
+        if self.work_tokens > 0:
+            return self.work_tokens
         return float(sum(self.lengths)) if self.lengths else self.context_mean * self.sequences
 
 
@@ -92,8 +107,9 @@ class SelectorPolicy:
 class Selector:
     """Chooses one stage's layout from its candidates with a cost model and a memory model under a budget."""
 
-    def __init__(self, stage: str, candidates: Sequence[Layout], *, cost: CostModel, memory: MemoryModel,
-                 budget_bytes: int | None, switch_cost: SwitchCost, policy: SelectorPolicy | None = None) -> None:
+    def __init__(self, stage: str, candidates: Sequence[Layout], *, cost: CostModel, memory: MemoryPredictor,
+                 budget_bytes: int | None, switch_cost: SwitchCost, policy: SelectorPolicy | None = None,
+                 budget_for: BudgetFor | None = None) -> None:
         if not candidates:
             raise ValueError(f"no candidate layouts for stage {stage}")
         wrong = [c.key for c in candidates if c.stage != stage]
@@ -106,6 +122,11 @@ class Selector:
         self.budget_bytes = budget_bytes
         self.switch_cost = switch_cost
         self.policy = policy or SelectorPolicy()
+        self.budget_for = budget_for
+
+    def budget(self, layout: Layout) -> int | None:
+        """The memory budget of a worker of ``layout``."""
+        return self.budget_for(layout) if self.budget_for is not None else self.budget_bytes
 
     def assess(self, outlook: Outlook) -> list[Candidate]:
         """Predictions for every profiled candidate, fastest first (unprofiled ones cannot be ranked and are left out)."""
@@ -116,7 +137,8 @@ class Selector:
                 continue
             seconds = self.stage_seconds(layout, outlook)
             mem = self.memory.predict(layout, work).total
-            fits = self.budget_bytes is None or mem <= self.budget_bytes
+            budget = self.budget(layout)
+            fits = budget is None or mem <= budget
             out.append(Candidate(layout, outlook.tokens / seconds, seconds, mem, fits))
         out.sort(key=lambda c: (c.stage_seconds, c.memory_bytes, c.layout.key))
         return out
@@ -157,7 +179,7 @@ class Selector:
         if not fitting:
             least = min(ranked, key=lambda c: c.memory_bytes)
             raise NoLayoutFits(
-                f"{self.stage}: no layout fits the budget of {_gib(self.budget_bytes)} at context "
+                f"{self.stage}: no layout fits the budget of {_gib(self.budget(least.layout))} at context "
                 f"{outlook.context_max} x {outlook.sequences} sequences; the smallest, {least.layout.key}, "
                 f"needs {_gib(least.memory_bytes)}")
         best = fitting[0]
@@ -168,7 +190,7 @@ class Selector:
         mine = next((c for c in ranked if c.layout == current), None)
         if mine is None or not mine.fits:
             why = "was never profiled" if mine is None else (
-                f"needs {_gib(mine.memory_bytes)} > budget {_gib(self.budget_bytes)} at context {outlook.context_max}")
+                f"needs {_gib(mine.memory_bytes)} > budget {_gib(self.budget(current))} at context {outlook.context_max}")
             return self._decision(current, best.layout, ranked, f"forced: {current.key} {why}")
         if best.layout == current:
             return self._decision(current, current, ranked, f"kept: still the fastest fitting layout "
