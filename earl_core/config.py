@@ -95,7 +95,8 @@ class RolloutConfig:
     engine: str = "vllm"
     """Rollout engine: vllm (default, prefix caching) or hf (transformers reference)."""
     workers: int = 1
-    """Rollout workers (Ray actors), each with its own engine; games are split between them."""
+    """Rollout ranks (one CPU, or GPU, each): workers / parallelism.rollout_tp engines (Ray actors) of
+    rollout_tp ranks each; games are split between the engines."""
     groups: int = 8
     """Game groups per iteration; games in a group share an opening and are compared by GRPO."""
     group_size: int = 8
@@ -232,6 +233,11 @@ class ParallelismConfig:
     """Tensor-parallel degree of the trainer (experience and train stages): trainer_workers / train_tp
     data-parallel groups of train_tp ranks, each holding a slice of every layer. Must divide trainer_workers and
     the model's attention heads, KV heads and MLP width."""
+    rollout_tp: int = 1
+    """Tensor-parallel degree of each rollout engine (vLLM tensor_parallel_size): rollout.workers / rollout_tp
+    engines. Static mode runs it throughout; auto mode profiles every degree the rollout workers and the model's
+    heads allow and re-picks it as context grows (an engine rebuild, charged at its measured cost). Must divide
+    rollout.workers; 1 with rollout.engine=hf."""
     checkpointing: bool = False
     """Static mode: activation checkpointing in the train stage (less memory, one more forward pass). Auto
     mode profiles both and chooses."""
@@ -244,6 +250,7 @@ class ParallelismConfig:
         _check_range("parallelism.hysteresis", self.hysteresis, 0.0, 10.0)
         _check_range("parallelism.horizon", self.horizon, 1, 1_000_000)
         _check_range("parallelism.train_tp", self.train_tp, 1, 1024)
+        _check_range("parallelism.rollout_tp", self.rollout_tp, 1, 256)
         if not isinstance(self.checkpointing, bool):
             raise ConfigError("parallelism.checkpointing", f"must be true or false, got {self.checkpointing!r}",
                               allowed="true, false")
@@ -259,6 +266,20 @@ class ParallelismConfig:
     @property
     def budget_bytes(self) -> int | None:
         return int(self.memory_budget_gib * (1 << 30)) if self.memory_budget_gib > 0 else None
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """How played games reach the trainer ranks (the Data Dispatcher)."""
+
+    mode: str = "layout_aware"
+    """layout_aware: each rollout engine sends its games' token tensors straight to the trainer ranks that need
+    them (one copy per node, balanced by tokens, same-node first) and advantages are computed on the ranks from
+    per-group reward scalars, so no bulk byte passes through the driver; centralized: the driver gathers every
+    game, computes the advantages, re-splits and sends (what single-controller frameworks do; the baseline)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("dispatch.mode", self.mode, ("layout_aware", "centralized"))
 
 
 @dataclass(frozen=True)
@@ -288,6 +309,7 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", self.name):
@@ -302,6 +324,12 @@ class RunConfig:
             raise ConfigError("parallelism.train_tp", f"{self.parallelism.train_tp} does not divide trainer_workers="
                               f"{self.trainer_workers}",
                               allowed=[d for d in range(1, self.trainer_workers + 1) if self.trainer_workers % d == 0])
+        if self.rollout.workers % self.parallelism.rollout_tp:
+            raise ConfigError("parallelism.rollout_tp", f"{self.parallelism.rollout_tp} does not divide rollout.workers="
+                              f"{self.rollout.workers}",
+                              allowed=[d for d in range(1, self.rollout.workers + 1) if self.rollout.workers % d == 0])
+        if self.rollout.engine == "hf" and self.parallelism.rollout_tp != 1:
+            raise ConfigError("parallelism.rollout_tp", "the hf engine has no tensor parallelism", allowed=[1])
         if self.games_per_iteration < self.trainer_workers:
             raise ConfigError("trainer_workers", f"{self.trainer_workers} ranks but only {self.games_per_iteration} games "
                               "per iteration", allowed=f"1..{self.games_per_iteration} (rollout.groups x rollout.group_size)")

@@ -58,7 +58,7 @@ def rollout_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     if contexts:
         out["context/mean"] = statistics.fmean(contexts)
         out["context/max"] = float(max(contexts))
-        out["context/final_mean"] = statistics.fmean(len(r["token_ids"]) for r in records)
+        out["context/final_mean"] = statistics.fmean(r["tokens"] for r in records)
     by_turn: dict[int, list[int]] = {}
     for r in records:
         for turn, c in enumerate(r["turn_context"], start=1):

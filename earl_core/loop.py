@@ -19,21 +19,27 @@ import yaml
 from transformers import AutoConfig, AutoTokenizer
 
 from earl_core import events as ev
+from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
 from earl_core.checkpoints import STATE_FILE, complete_checkpoints
 from earl_core.config import RunConfig, opponent_list
+from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent
+from earl_core.errors import ConfigError
 from earl_core.evaluate import run_limits
 from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
+from earl_core.parallel.layout import tp_degrees
 from earl_core.parallel.memory import ModelShape
 from earl_core.parallel.planner import LayoutPlanner
+from earl_core.parallel.rollout_planner import RolloutPlanner
 from earl_core.parallel.tensor_parallel import check_tp_degree
 from earl_core.ray_exec.cluster import ray_cluster
+from earl_core.ray_exec.dispatcher import Dispatcher, DispatchReport
 from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
-from earl_core.rl.advantages import RunningBaseline, grpo_advantages
+from earl_core.rl.advantages import RunningBaseline
 
 
 @dataclass
@@ -158,6 +164,12 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
                            "seed": cfg.seed, "gpu_memory_utilization": 0.8 * gpus if gpus else 0.8}
         hf_config = AutoConfig.from_pretrained(init_dir)
         check_tp_degree(hf_config, cfg.parallelism.train_tp, "parallelism.train_tp")
+        shape = ModelShape.from_hf_config(hf_config.to_dict())
+        rollout_tps = tp_degrees(cfg.rollout.workers, shape.heads, shape.kv_heads)
+        if cfg.parallelism.rollout_tp not in rollout_tps:
+            raise ConfigError("parallelism.rollout_tp", f"{cfg.parallelism.rollout_tp} does not split the model's "
+                              f"{shape.heads} attention heads / {shape.kv_heads} KV heads over rollout.workers="
+                              f"{cfg.rollout.workers}", allowed=rollout_tps)
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
                                num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp)
@@ -173,22 +185,34 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             # The warm-started policy is checkpoint 0: the starting point RL is measured against, and
             # what --resume restarts from without repeating the warm start.
             last_ckpt = _checkpoint(cfg, trainer, 0, RunningBaseline(cfg.algo.baseline_decay))
-        planner = LayoutPlanner(cfg.parallelism, shape=ModelShape.from_hf_config(hf_config.to_dict()),
-                                workers=cfg.trainer_workers, default_micro_batch=cfg.algo.micro_batch, emit=stream.emit)
+        planner = LayoutPlanner(cfg.parallelism, shape=shape, workers=cfg.trainer_workers,
+                                default_micro_batch=cfg.algo.micro_batch, emit=stream.emit)
         planner.start(trainer)
+        rollout_planner = RolloutPlanner(cfg.parallelism, shape=shape, workers=cfg.rollout.workers,
+                                         games=cfg.games_per_iteration, engine=cfg.rollout.engine,
+                                         step_tokens=turn_tokens(init_dir), new_tokens=cfg.rollout.max_new_tokens,
+                                         max_context=cfg.rollout.max_context, emit=stream.emit,
+                                         whole_devices=gpus in (0, 1))
+        built = time.perf_counter()
         rollout = RolloutGroup(init_dir, workers=cfg.rollout.workers, engine=cfg.rollout.engine, engine_opts=engine_opts,
-                               num_gpus=gpus)
-        cleanup.callback(rollout.close)
-        if warm:
+                               num_gpus=gpus, tp=rollout_planner.profile_order()[0])
+        cleanup.callback(lambda: rollout.close())
+        rollout_planner.start(rollout, built_s=time.perf_counter() - built, weights=trainer.weights)
+        # The rollout engines start from the model on disk; after a warm start (or when profiling rebuilt
+        # them) they get the trainer's weights. A resume starts them from the checkpoint itself.
+        if warm or rollout_planner.auto:
             rollout.load_weights(trainer.weights())
         stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
         baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
+        dispatcher = Dispatcher(cfg.dispatch.mode, cfg.algo)
+        last_records: list[dict[str, Any]] = []
         for it in range(start_iter, cfg.iterations):
             if should_stop():
                 last_ckpt = _checkpoint(cfg, trainer, it, baseline)
                 stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
                 return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
-            values = _iteration(cfg, it, rollout, trainer, baseline, stream, planner)
+            values, last_records = _iteration(cfg, it, rollout, trainer, baseline, stream, planner, rollout_planner,
+                                              dispatcher, last_records)
             with metrics_path.open("a") as fh:
                 fh.write(json.dumps({"iteration": it, **values}) + "\n")
             if (it + 1) % cfg.checkpoint_every == 0:
@@ -201,22 +225,35 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
     return RunSummary("succeeded", done, last_ckpt, values, str(run_dir))
 
 
+def turn_tokens(model_dir: str) -> int:
+    """Prompt tokens a game turn adds to the conversation (the opponent's move, the board, the legal columns and
+    the assistant header): what each rollout turn prefills on top of the cached conversation."""
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(model_dir))
+    board = Board.from_moves("4453")
+    return len(encoder.message("user", protocol.turn_prompt(board, 2))) + len(encoder.generation_prompt())
+
+
 def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,
-               stream: ev.EventStream, planner: LayoutPlanner) -> dict[str, float]:
+               stream: ev.EventStream, planner: LayoutPlanner, rollout_planner: RolloutPlanner,
+               dispatcher: Dispatcher, last_records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     t0 = time.perf_counter()
     sampling = {"max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
                 "top_p": cfg.rollout.top_p, "seed": cfg.seed + it}
     limits = asdict(run_limits(cfg))
+    rollout_planner.before_rollout(it, last_records, cfg.iterations - it, rollout, trainer.weights)
+    t_play = time.perf_counter()
     played = rollout.play(iteration_specs(cfg, it), sampling, limits)
-    records = played["records"]
-    rewards = [r["reward"] for r in records]
-    if cfg.algo.name == "grpo":
-        adv = grpo_advantages(rewards, [r["group"] for r in records], normalize_std=cfg.algo.normalize_std)
-    else:
-        adv = baseline.advantages(rewards)
+    records = played["records"]  # metadata: the token tensors stay on the engines until dispatched
+    rollout_selection = rollout_planner.after_rollout(records, played["seconds"])
+    # The layouts first: the dispatch plan follows the trainer's layout of this iteration.
     planner.before_iteration(it, records, cfg.iterations - it, trainer)
+    try:
+        report = dispatcher.dispatch(played, rollout, trainer, baseline)
+    finally:
+        rollout.release()
+    _emit_dispatch(stream, it, report)
     t1 = time.perf_counter()
-    train_metrics = trainer.rl_step(records, adv.tolist())
+    train_metrics = trainer.rl_step_received()
     train_metrics.update(planner.after_iteration(train_metrics, records))
     t2 = time.perf_counter()
     sync_s = rollout.load_weights(trainer.weights())
@@ -224,6 +261,8 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
     values = {
         **rollout_metrics(records),
         **train_metrics,
+        **rollout_selection,
+        "perf/rollout_layout_s": t_play - t0,
         "perf/rollout_s": played["seconds"],
         "perf/rollout_tokens_per_s": played["generated_tokens"] / max(played["seconds"], 1e-9),
         "perf/generated_tokens": float(played["generated_tokens"]),
@@ -231,12 +270,21 @@ def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerG
         "perf/weight_load_s": sync_s,
         "perf/iteration_s": t3 - t0,
         "perf/train_step_s": t2 - t1,
+        "perf/dispatch_s": report.seconds,
+        "dispatch/bytes_moved": float(report.bytes_moved),
+        "dispatch/bytes_via_driver": float(report.bytes_via_driver),
+        "dispatch/network_tokens": float(report.network_tokens),
     }
     _emit_metrics(stream, it, values)
     trainers = [{**w, "budget": cfg.parallelism.budget_bytes} for w in trainer.memory()]
     stream.emit(ev.MemoryReading(iteration=it, workers=rollout.memory() + trainers))
     _emit_sample_game(stream, it, records[0])
-    return values
+    return values, records
+
+
+def _emit_dispatch(stream: ev.EventStream, it: int, report: DispatchReport) -> None:
+    stream.emit(ev.Dispatch(iteration=it, bytes_moved=report.bytes_moved, bytes_via_driver=report.bytes_via_driver,
+                            seconds=report.seconds, fields=report.fields))
 
 
 def _emit_metrics(stream: ev.EventStream, it: int, values: dict[str, float]) -> None:

@@ -72,6 +72,7 @@ class Episode:
             "group": self.group,
             "agent_side": self.agent_side,
             "opponent": self.opponent.name,
+            "tokens": len(conv.token_ids),
             "token_ids": list(conv.token_ids),
             "action_mask": list(conv.action_mask),
             "logprobs": list(conv.logprobs),

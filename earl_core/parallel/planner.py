@@ -152,7 +152,7 @@ class LayoutPlanner:
         if not self.auto or not records:
             return
         assert self.train_selector is not None, "start() first"
-        lengths = [len(r["token_ids"]) for r in records]
+        lengths = [r["tokens"] for r in records]
         outlook = Outlook(context_mean=sum(lengths) / len(lengths), context_max=max(lengths), sequences=len(lengths),
                           iterations_left=iterations_left, lengths=tuple(lengths))
         self._outlook = outlook
@@ -177,7 +177,7 @@ class LayoutPlanner:
         """Measured peaks against the budget (an error event each time one is over, like an OOM); in auto mode
         the peaks also refine the memory calibration. Returns selector metrics."""
         out: dict[str, float] = {}
-        context = max((len(r["token_ids"]) for r in records), default=0)
+        context = max((r["tokens"] for r in records), default=0)
         if self.auto and self._outlook is not None and self.train_selector is not None:
             # How long the stages really took corrects the profile-based predictions of the next decisions.
             for stage, selector in (("experience", self.experience_selectors[self.tp]), ("train", self.train_selector)):

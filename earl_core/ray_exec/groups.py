@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -70,31 +71,105 @@ def split_by_tokens(records: Sequence[dict[str, Any]], parts: int) -> list[list[
 
 
 class RolloutGroup:
-    """N rollout actors, one engine each."""
+    """The rollout ranks as ``workers / tp`` engines (one Ray actor each) of ``tp`` tensor-parallel ranks."""
 
     def __init__(self, model_dir: str, *, workers: int, engine: str, engine_opts: dict[str, Any],
-                 num_cpus: float = 1, num_gpus: float = 0) -> None:
-        self.gang = Gang("rollout workers", workers, cpus=num_cpus, gpus=num_gpus)
-        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+                 num_cpus: float = 1, num_gpus: float = 0, tp: int = 1) -> None:
+        if tp < 1 or workers % tp:
+            raise ValueError(f"{workers} rollout workers cannot form engines of {tp} tensor-parallel ranks")
+        if tp > 1 and engine != "vllm":
+            raise ValueError(f"the {engine} engine has no tensor parallelism (tp={tp})")
+        self.model_dir, self.workers, self.engine, self.engine_opts = model_dir, workers, engine, dict(engine_opts)
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self._start(tp)
+
+    def _start(self, tp: int) -> None:
+        self.tp = tp
+        engines = self.workers // tp
+        # An engine's ranks are processes it starts itself (vLLM's executor): its bundle holds all their cores.
+        self.gang = Gang("rollout workers", engines, cpus=self.num_cpus * tp, gpus=self.num_gpus * tp)
+        opts = {**self.engine_opts, **({"tensor_parallel_size": tp} if self.engine == "vllm" else {})}
+        actor = ray.remote(num_cpus=self.num_cpus * tp, num_gpus=self.num_gpus * tp)(RolloutWorker)
         self.actors = [actor.options(scheduling_strategy=self.gang.slot(i)).remote(
-            model_dir, index=i, engine=engine, engine_opts=engine_opts) for i in range(workers)]
+            self.model_dir, index=i, engine=self.engine, engine_opts=opts) for i in range(engines)]
         try:
             ray.get([a.ready.remote() for a in self.actors])
         except BaseException:
             self.close()
             raise
 
+    @property
+    def engines(self) -> int:
+        return len(self.actors)
+
+    def relayout(self, tp: int, weights_ref: list[ray.ObjectRef] | None) -> float:
+        """Rebuild the engines with ``tp`` ranks each (vLLM fixes its tensor-parallel degree at start) and load
+        ``weights_ref`` into them, straight from the trainer's object store (no disk). Returns the seconds taken."""
+        if tp < 1 or self.workers % tp:
+            raise ValueError(f"{self.workers} rollout workers cannot form engines of {tp} tensor-parallel ranks")
+        start = time.perf_counter()
+        self.close()
+        self._start(tp)
+        if weights_ref is not None:
+            self.load_weights(weights_ref)
+        return time.perf_counter() - start
+
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens each engine's KV cache holds (the smallest of the engines; None when not preallocated)."""
+        found = [c for c in ray.get([a.kv_capacity_tokens.remote() for a in self.actors]) if c is not None]
+        return min(found) if found else None
+
+    def profile(self, *, games: int, context: int, step_tokens: int, new_tokens: int) -> dict[str, float]:
+        """One game turn of ``games`` conversations at ``context`` tokens, the games split over the engines as
+        play() splits them; the slowest engine sets the time."""
+        share = -(-games // self.engines)
+        seconds = max(ray.get([a.profile.remote(share, context, step_tokens, new_tokens) for a in self.actors]))
+        return {"seconds": seconds, "tokens_per_s": games * (step_tokens + new_tokens) / max(seconds, 1e-9)}
+
     def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
-        """Split the games, play them everywhere at once, gather records in game order plus summed stats."""
+        """Split the games, play them everywhere at once; gather their metadata in game order (each names the
+        engine that holds its bulk fields as ``source``), every engine's per-group reward scalars, summed stats.
+        The lowest-numbered game keeps its move texts (the dashboard shows it)."""
         shares = split_round_robin(specs, len(self.actors))
-        results = ray.get([a.play.remote(s, sampling, limits) for a, s in zip(self.actors, shares) if s])
+        shown = min((s["index"] for s in specs), default=None)
+        busy = [(i, a, s) for i, (a, s) in enumerate(zip(self.actors, shares)) if s]
+        results = ray.get([a.play.remote(s, sampling, limits, shown_game=shown) for _, a, s in busy])
+        for (source, _, _), res in zip(busy, results):
+            for r in res["records"]:
+                r["source"] = source
         records = sorted((r for res in results for r in res["records"]), key=lambda r: r["index"])
         return {
             "records": records,
+            "groups": [res["groups"] for res in results],
             "generated_tokens": sum(r["generated_tokens"] for r in results),
             "seconds": max(r["seconds"] for r in results),
             "per_worker": [{"worker": r["worker"], "seconds": r["seconds"], "tokens": r["generated_tokens"]} for r in results],
         }
+
+    def nodes(self) -> list[str]:
+        """Ray node id of each engine."""
+        return ray.get([a.node.remote() for a in self.actors])
+
+    def ship(self, sends: list[dict[int, list[int]]]) -> list[dict[int, dict[str, Any]]]:
+        """Each engine puts its shipments (``sends[engine]``: sample ids per destination key) into its own object
+        store; the references come back, the bytes stay where they are."""
+        return ray.get([a.ship.remote(part) for a, part in zip(self.actors, sends)])
+
+    def held_records(self) -> list[dict[str, Any]]:
+        """The last games' whole records, fetched to the caller in game order (for inspection: a run's games
+        travel through the Data Dispatcher instead)."""
+        return sorted((r for part in ray.get([a.held_records.remote() for a in self.actors]) for r in part),
+                      key=lambda r: r["index"])
+
+    def release(self) -> None:
+        """The engines drop the games they hold."""
+        ray.get([a.release.remote() for a in self.actors])
+
+    def replay(self, records: list[dict[str, Any]]) -> float:
+        """Re-run recorded games' turns on the engines (split as play() splits games); the slowest engine's
+        seconds (RolloutWorker.replay)."""
+        shares = split_round_robin(records, len(self.actors))
+        return max(ray.get([a.replay.remote(s) for a, s in zip(self.actors, shares) if s]))
 
     def load_weights(self, weights_ref: list[ray.ObjectRef]) -> float:
         return max(ray.get([a.load_weights.remote(weights_ref) for a in self.actors]))
@@ -105,6 +180,14 @@ class RolloutGroup:
     def close(self) -> None:
         close_actors(self.actors)
         self.gang.release()
+
+
+def _step_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from every rank's: losses are already global (reduced); times and peaks: the slowest."""
+    out = dict(results[0])
+    for key in ("perf/experience_s", "perf/train_s", "memory/experience_peak_bytes", "memory/train_peak_bytes"):
+        out[key] = max(r[key] for r in results)
+    return out
 
 
 class TrainerGroup:
@@ -139,14 +222,23 @@ class TrainerGroup:
         """The first TP group: gathers full weights (a collective among its ranks), rank 0 publishes/writes."""
         return self.actors[: self.tp]
 
+    def nodes(self) -> list[str]:
+        """Ray node id of each rank."""
+        return ray.get([a.node.remote() for a in self.actors])
+
+    def receive(self, refs: list[list[ray.ObjectRef]], expected: list[list[int]],
+                advantage: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank fetches its shipments and checks them (TrainerWorker.receive); returns each rank's answer."""
+        return ray.get([a.receive.remote(r, e, advantage) for a, r, e in zip(self.actors, refs, expected)])
+
+    def rl_step_received(self) -> dict[str, float]:
+        """The RL step on every rank, on what receive() delivered (the run's path: the Data Dispatcher)."""
+        return _step_metrics(ray.get([a.rl_step_received.remote() for a in self.actors]))
+
     def rl_step(self, records: list[dict[str, Any]], advantages: Sequence[float]) -> dict[str, float]:
-        futures = [a.rl_step.remote([records[i] for i in idx], [float(advantages[i]) for i in idx])
-                   for a, idx in zip(self.actors, self._shares(records))]
-        results = ray.get(futures)
-        out = dict(results[0])  # losses are already global (reduced); times: the slowest rank
-        for key in ("perf/experience_s", "perf/train_s", "memory/experience_peak_bytes", "memory/train_peak_bytes"):
-            out[key] = max(r[key] for r in results)
-        return out
+        """The RL step on records the caller holds, split by tokens over the DP groups (benchmarks, tests)."""
+        return _step_metrics(ray.get([a.rl_step.remote([records[i] for i in idx], [float(advantages[i]) for i in idx])
+                                      for a, idx in zip(self.actors, self._shares(records))]))
 
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
         """Apply a stage layout's micro-batch (and activation checkpointing) on every rank."""

@@ -18,6 +18,8 @@ from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_episodes
 from earl_core.config import AlgoConfig
+from earl_core.dispatch.group_stats import baseline_advantages, grpo_from_table, summarise, table_from_wire, table_to_wire
+from earl_core.dispatch.shipment import Shipment, assemble, metadata
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 from earl_core.parallel.probe import PeakMemory
@@ -31,16 +33,28 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, *, index: int, engine: str, engine_opts: dict[str, Any]) -> None:
         self.index = index
-        self.name = f"rollout-{index}"
+        tp = int(engine_opts.get("tensor_parallel_size", 1))
+        self.name = f"rollout-{index}" if tp == 1 else f"rollout-{index}-tp{tp}"
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.encoder = ChatEncoder(tokenizer)
         self.engine = make_engine(engine, model_dir, **engine_opts)
+        self.held: dict[int, dict[str, Any]] = {}
+        """The last games played, kept here until shipped to the trainer (only metadata goes to the driver)."""
 
     def ready(self) -> str:
         return self.name
 
-    def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
-        """Play the given games; returns finished episode records and rollout statistics."""
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens this engine's KV cache holds (None: the engine does not preallocate one)."""
+        return getattr(self.engine, "kv_capacity_tokens", None)
+
+    def play(self, specs: list[dict[str, Any]], sampling: dict[str, Any], limits: dict[str, Any], *,
+             shown_game: int | None = None) -> dict[str, Any]:
+        """Play the given games and keep their records here; returns their metadata (records without the per-token
+        fields; the move texts only of ``shown_game``), per-group reward scalars and rollout statistics."""
         generated = 0
         calls = 0
 
@@ -63,13 +77,34 @@ class RolloutWorker:
         start = time.perf_counter()
         episodes = play_episodes(games, policy, self.encoder, limits=RunnerLimits(**limits))
         seconds = time.perf_counter() - start
+        records = [ep.record() for ep in episodes]
+        self.held = {r["index"]: r for r in records}
         return {
-            "records": [ep.record() for ep in episodes],
+            "records": [metadata(r, keep_moves=r["index"] == shown_game) for r in records],
+            "groups": table_to_wire(summarise([r["reward"] for r in records], [r["group"] for r in records])),
             "generated_tokens": generated,
             "engine_calls": calls,
             "seconds": seconds,
             "worker": self.name,
         }
+
+    def ship(self, sends: dict[int, list[int]]) -> dict[int, dict[str, Any]]:
+        """Put one Shipment per receiver (sample ids per destination key) into this node's object store; returns
+        per receiver the reference (wrapped in a list, so whoever gets this answer does not fetch the bytes) and
+        the shipment's bytes per field."""
+        out = {}
+        for dest, ids in sends.items():
+            shipment = Shipment.pack([self.held[i] for i in ids])
+            out[dest] = {"ref": [ray.put(shipment)], "bytes": shipment.field_bytes()}
+        return out
+
+    def held_records(self) -> list[dict[str, Any]]:
+        """The held games' whole records (per-token fields included)."""
+        return list(self.held.values())
+
+    def release(self) -> None:
+        """Drop the held games (after the iteration's dispatch)."""
+        self.held = {}
 
     def load_weights(self, state_dict_ref: list[ray.ObjectRef]) -> float:
         """Load weights handed over by reference (they come straight from the trainer, never via the driver)."""
@@ -78,11 +113,53 @@ class RolloutWorker:
         self.engine.load_weights(state_dict)
         return time.perf_counter() - start
 
+    def profile(self, batch: int, context: int, step_tokens: int, new_tokens: int) -> float:
+        """Seconds of one game turn for ``batch`` conversations at ``context`` tokens: each conversation's prefix
+        is already cached (as after the previous turn), ``step_tokens`` new prompt tokens are prefilled and
+        ``new_tokens`` are decoded. Random token ids: the time does not depend on what they say."""
+        rng = random.Random(context * 7919 + batch)
+        vocab = max(2, int(getattr(self.engine, "vocab_size", 256)))
+        prefixes = [[rng.randrange(vocab) for _ in range(max(1, context - step_tokens))] for _ in range(batch)]
+        warm = SamplingSpec(max_new_tokens=1, temperature=1.0, seed=1)
+        self.engine.generate(prefixes, warm)  # caches the prefixes, like the turns before
+        turn = [p + [rng.randrange(vocab) for _ in range(step_tokens)] for p in prefixes]
+        # No stop token: every conversation decodes the whole answer budget.
+        spec = SamplingSpec(max_new_tokens=new_tokens, temperature=1.0, seed=2)
+        start = time.perf_counter()
+        self.engine.generate(turn, spec)
+        return time.perf_counter() - start
+
+    def replay(self, records: list[dict[str, Any]]) -> float:
+        """Seconds to re-run recorded games' agent turns on this engine, turn by turn with all games of a turn in
+        one call: each prompt is the conversation up to that answer (cached up to the previous turn, as in a
+        rollout), and as many tokens are decoded as the answer had (the sampled ones are dropped). It is the
+        engine work of playing those games, for a benchmark whose games (a "thinking" agent's) a freshly built
+        model would not play itself."""
+        turns = [_answer_spans(r["action_mask"]) for r in records]
+        start = time.perf_counter()
+        for t in range(max((len(x) for x in turns), default=0)):
+            live = [(r["token_ids"][: x[t][0]], x[t][1] - x[t][0]) for r, x in zip(records, turns) if t < len(x)]
+            spec = SamplingSpec(max_new_tokens=max(n for _, n in live), temperature=1.0, seed=t)
+            self.engine.generate([prompt for prompt, _ in live], spec)
+        return time.perf_counter() - start
+
     def memory(self) -> dict[str, Any]:
-        return memory_reading(self.name, "rollout")
+        return memory_reading(self.name, "rollout", children=True)
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _answer_spans(action_mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of agent-written tokens in a conversation."""
+    spans, start = [], None
+    for i, m in enumerate([*action_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
 
 
 class TrainerWorker:
@@ -93,8 +170,12 @@ class TrainerWorker:
         self.world_size = world_size
         self.name = f"trainer-{rank}"
         self.learner: Learner | None = None
+        self._received: tuple[list[dict[str, Any]], list[float]] = ([], [])
         self._dp_group: Any = None
         self.device = "cpu"
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this rank's node for the process group (rank 0 hosts it)."""
@@ -142,6 +223,31 @@ class TrainerWorker:
         if self._dp_group is not None:
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._dp_group)
         return t
+
+    def receive(self, refs: list[ray.ObjectRef], expected: list[int], advantage: dict[str, Any]) -> dict[str, Any]:
+        """Fetch this rank's shipments (straight from the workers or the driver that put them), check that exactly
+        the expected samples came, in the expected order, and compute their advantages when they did not come
+        with them: from the merged per-group scalars (GRPO) or the baseline value (REINFORCE)."""
+        start = time.perf_counter()
+        shipments = ray.get(refs)
+        records, advantages = assemble(shipments, expected)
+        if advantages is None:
+            rewards = [r["reward"] for r in records]
+            if advantage["kind"] == "grpo":
+                table = table_from_wire(advantage["table"])
+                advantages = grpo_from_table(rewards, [r["group"] for r in records], table,
+                                             normalize_std=advantage["normalize_std"]).tolist()
+            else:
+                advantages = baseline_advantages(rewards, advantage["baseline"]).tolist()
+        self._received = (records, advantages)
+        return {"seconds": time.perf_counter() - start, "samples": len(records),
+                "bytes": sum(s.nbytes for s in shipments), "advantages": advantages}
+
+    def rl_step_received(self) -> dict[str, float]:
+        """The RL step on what receive() got."""
+        records, advantages = self._received
+        self._received = ([], [])
+        return self.rl_step(records, advantages)
 
     def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float]:
         assert self.learner is not None

@@ -48,11 +48,14 @@ class RunningBaseline:
         self.decay = decay
         self.value = value
 
+    def take(self, batch_mean: float) -> float:
+        """The baseline for a batch whose mean reward is ``batch_mean`` (the value before it; the batch mean
+        itself for the first batch), then fold the batch mean into the average."""
+        base = batch_mean if self.value is None else self.value
+        self.value = batch_mean if self.value is None else self.decay * self.value + (1 - self.decay) * batch_mean
+        return base
+
     def advantages(self, rewards: Sequence[float]) -> torch.Tensor:
         """r - baseline (baseline taken before this batch), then fold this batch's mean into it."""
         r = torch.tensor(rewards, dtype=torch.float32)
-        base = float(r.mean()) if self.value is None else self.value
-        adv = r - base
-        mean = float(r.mean())
-        self.value = mean if self.value is None else self.decay * self.value + (1 - self.decay) * mean
-        return adv
+        return r - self.take(float(r.mean()))

@@ -38,6 +38,8 @@ def test_defaults_round_trip() -> None:
         ({"trainer_workers": 4, "parallelism": {"train_tp": 3}}, "parallelism.train_tp", "1, 2, 4"),
         ({"parallelism": {"train_tp": 0}}, "parallelism.train_tp", "1..1024"),
         ({"version": 7}, "version", "1"),
+        ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
+        ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
     ],
 )
 def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:

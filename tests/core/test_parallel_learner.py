@@ -64,7 +64,7 @@ def test_planner_on_a_real_learner(protocol_model: Path) -> None:
     cfg = ParallelismConfig(mode="auto", micro_batches="1,8", profile_contexts="128,512", memory_budget_gib=64)
     planner = LayoutPlanner(cfg, shape=shape, workers=1, default_micro_batch=2, emit=emitted.append)
     planner.start(learner)
-    records = [{"token_ids": [1] * n} for n in (300, 500, 700, 900)]
+    records = [{"tokens": n} for n in (300, 500, 700, 900)]
     planner.before_iteration(0, records, iterations_left=3, target=learner)
     decisions = [e for e in emitted if isinstance(e, ev.SelectorDecision)]
     assert [d.stage for d in decisions] == ["experience", "train"]

@@ -66,6 +66,11 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
     memory = [e for e in got if e["type"] == "memory"]
     assert {w["worker"] for w in memory[0]["data"]["workers"]} == {"rollout-0", "rollout-1", "trainer-0", "trainer-1"}
     assert any(e["type"] == "game.end" for e in got) and any(e["type"] == "game.move" for e in got)
+    # The games reached the trainer ranks through the layout-aware dispatcher: nothing bulk through the driver.
+    dispatch = [e["data"] for e in got if e["type"] == "dispatch"]
+    assert [d["iteration"] for d in dispatch] == [0, 1]
+    assert all(d["bytes_via_driver"] == 0 and d["bytes_moved"] == sum(d["fields"].values()) > 0 for d in dispatch)
+    assert all(d["fields"]["token_ids"] > 0 and d["fields"]["old_logprobs"] == 0 for d in dispatch)
 
     # Files: the same events on disk, one metrics line per iteration, HF checkpoints whose weights moved.
     run_dir = Path(summary.run_dir)
@@ -84,8 +89,8 @@ def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> N
                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6})
     first: list[dict] = []
     train(cfg, first.append)
-    assert [e["data"]["new_layout"]["key"] for e in first if e["type"] == "selector.decision"] == \
-        ["tp2.dp1.mb4", "tp2.dp1.mb4"]
+    assert [(e["data"]["stage"], e["data"]["new_layout"]["key"]) for e in first if e["type"] == "selector.decision"] \
+        == [("experience", "tp2.dp1.mb4"), ("train", "tp2.dp1.mb4"), ("rollout", "tp1.dp1.mb4")]
     more = cfg.replace(iterations=2, trainer_workers=1, parallelism=ParallelismConfig())
     got: list[dict] = []
     summary = train(more, got.append, resume=True)
@@ -135,23 +140,31 @@ def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session:
     assert not (cfg.run_dir / "checkpoints" / "iter_000000").exists()  # half a warm start is no starting point
 
 
-def _selector_config(tmp_path: Path, name: str, workers: int = 1, **parallelism: object) -> RunConfig:
+def _selector_config(tmp_path: Path, name: str, workers: int = 1, rollout_workers: int = 1,
+                     **parallelism: object) -> RunConfig:
     return _config(tmp_path, name=name, trainer_workers=workers, sft={"enabled": False},
-                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6},
+                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": rollout_workers},
                    parallelism={"micro_batches": "1,4", "profile_contexts": "64,256", **parallelism})
 
 
 def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_path: Path) -> None:
     got: list[dict] = []
-    # Two trainer ranks: the selector may run them as DP=2 or TP=2, and profiles both (switching in between).
-    summary = train(_selector_config(tmp_path, "auto", workers=2, mode="auto", memory_budget_gib=64), got.append)
+    # Two trainer ranks: the selector may run them as DP=2 or TP=2, and profiles both (switching in between);
+    # two rollout ranks: two vLLM engines or one with two tensor-parallel ranks (rebuilt in between).
+    summary = train(_selector_config(tmp_path, "auto", workers=2, rollout_workers=2, mode="auto",
+                                     memory_budget_gib=64), got.append)
     assert summary.status == "succeeded"
     validator = jsonschema.Draft202012Validator(ev.load_schema())
     decisions = [e["data"] for e in got if e["type"] == "selector.decision"]
     for e in got:
         validator.validate(e)
-    # One decision per learner stage per iteration, each ranking the profiled candidates with predictions.
-    assert [d["stage"] for d in decisions] == ["experience", "train"] * 2
+    # One decision per stage per iteration, each ranking the profiled candidates with predictions.
+    assert [d["stage"] for d in decisions] == ["rollout", "experience", "train"] * 2
+    rollout = decisions[0::3]
+    decisions = [d for d in decisions if d["stage"] != "rollout"]
+    for d in rollout:  # 4 games: two engines of 2 games or one engine of 4
+        assert {c["layout"] for c in d["candidates"]} == {"tp1.dp2.mb2", "tp2.dp1.mb4"}
+        assert all(c["fits"] and c["tokens_per_s"] > 0 and c["memory_bytes"] > 0 for c in d["candidates"])
     train_keys = {c["layout"] for c in decisions[1]["candidates"]}
     assert train_keys == {f"{split}.mb{mb}{ckpt}" for split in ("tp1.dp2", "tp2.dp1") for mb in (1, 4)
                           for ckpt in ("", "+ckpt")}
@@ -163,6 +176,11 @@ def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_p
     # 8 train layouts and 4 experience layouts, each at 2 contexts; one switch to TP=2 and one back.
     logs = [e["data"]["message"] for e in got if e["type"] == "log"]
     assert any(m.startswith("selector: profiled 24 ") and "a TP/DP switch takes" in m for m in logs), logs
+    # The rollout engines at the one profile context above a turn's prompt, on each TP degree (TP=2 built first).
+    assert any(m.startswith("selector: profiled 2 rollout ") and "tp1: " in m and "tp2: " in m for m in logs), logs
+    engines = [m["values"]["selector/rollout_tp"] for m in (e["data"] for e in got if e["type"] == "metrics")
+               if "selector/rollout_tp" in m["values"]]
+    assert engines == [float(d["new_layout"]["tp"]) for d in rollout]
     chosen = [m["values"]["selector/train_micro_batch"] for m in (e["data"] for e in got if e["type"] == "metrics")
               if "selector/train_micro_batch" in m["values"]]
     assert len(chosen) == 2 and all(mb in (1.0, 4.0) for mb in chosen)
@@ -179,10 +197,12 @@ def test_measured_peaks_over_budget_are_errors_and_auto_refuses_to_run_over_it(r
     assert over and all(d["kind"] == "MemoryBudgetExceeded" and "over the budget of 0.05 GiB" in d["message"]
                         for d in over)
     static = [e["data"] for e in got if e["type"] == "selector.decision"]
-    assert [d["new_layout"]["key"] for d in static] == ["tp1.dp1.mb4", "tp1.dp1.mb4"]
+    # The learner stages, then the rollout stage (one engine playing all 4 games).
+    assert [(d["stage"], d["new_layout"]["key"]) for d in static] == [
+        ("experience", "tp1.dp1.mb4"), ("train", "tp1.dp1.mb4"), ("rollout", "tp1.dp1.mb4")]
     # ... while the selector, once calibrated against those measurements, chooses nothing over the budget.
     got = []
     with pytest.raises(Exception, match="no layout fits the budget of 0.05 GiB"):
         train(_selector_config(tmp_path, "guarded", mode="auto", memory_budget_gib=0.05), got.append)
     assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "failed"
-    assert not any(e["type"] == "selector.decision" for e in got)
+    assert not any(e["type"] == "selector.decision" and e["data"]["stage"] != "rollout" for e in got)

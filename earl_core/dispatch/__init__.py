@@ -1,0 +1,1 @@
+"""Data Dispatcher: transfer plans between parallel layouts, shipments of bulk fields, advantages from group scalars."""

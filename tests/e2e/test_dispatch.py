@@ -1,0 +1,64 @@
+"""The Data Dispatcher on a real two-node Ray cluster (two raylets, each with its own object store): games played on
+one node reach the trainer ranks on the other; both modes feed identical inputs and advantages and train to the same
+weights; only the centralized mode moves bulk bytes through the driver.
+
+Ray advertises the machine's interface address even when told 127.0.0.1, so the cluster runs in a network namespace
+of its own (``unshare -n``) where loopback is the only interface (two_node_dispatch.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("two_node_dispatch.py")
+
+
+def _isolated_network() -> bool:
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _isolated_network(), reason="needs `unshare -n` (root or user namespaces) for a loopback cluster")
+def test_two_node_dispatch_both_modes_train_identically(protocol_model: Path) -> None:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = f"ip link set lo up && exec {sys.executable} {SCRIPT} {protocol_model}"
+    done = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    records = out["records"]
+    assert out["cluster_nodes"] == 2
+    assert all("token_ids" not in r for r in records), "the driver got per-token fields"
+    for name in ("grpo", "reinforce"):
+        central, aware = out[name]["centralized"], out[name]["layout_aware"]
+        c, a = central["report"], aware["report"]
+        # The engines sit on one node, the trainer ranks on the other.
+        assert len(out["engine_nodes"]) == 1 and central["nodes"] == aware["nodes"]
+        assert not set(aware["nodes"]) & set(out["engine_nodes"])
+        # Every game crossed the network once, straight from its engine, in layout-aware mode.
+        assert a["network_tokens"] == sum(r["tokens"] for r in records)
+        assert a["bytes_via_driver"] == 0 and a["bytes_moved"] > 0
+        assert c["bytes_via_driver"] == c["bytes_moved"] > a["bytes_moved"]
+        assert a["fields"]["token_ids"] > 0 and "advantages" not in a["fields"] and a["fields"]["old_logprobs"] == 0
+        assert c["fields"]["advantages"] > 0
+        # The same advantage for every game, bit for bit.
+        assert a["advantages"] == c["advantages"] and len(a["advantages"]) == len(records)
+        if name == "reinforce":  # r - 0.5: never zero, so this step really moves the weights
+            assert all(v == pytest.approx(r["reward"] - 0.5) for r in records
+                       for k, v in a["advantages"].items() if int(k) == r["index"])
+            assert aware["weights_hash"] != out["initial_hash"]
+        # Same inputs, same step: the same losses and the same weights.
+        assert a_metrics_equal(central["metrics"], aware["metrics"])
+        assert central["weights_hash"] == aware["weights_hash"]
+
+
+def a_metrics_equal(x: dict, y: dict) -> bool:
+    keys = ("losses/policy_loss", "losses/grad_norm", "perf/train_tokens")
+    return all(x[k] == y[k] for k in keys)
