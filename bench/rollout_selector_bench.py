@@ -28,6 +28,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from bench_io import write_result
 from earl_core import events as ev
 from earl_core.agent.teacher import protocol_corpus
 from earl_core.config import ParallelismConfig
@@ -169,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"ratios": result["ratios"], "auto": {k: auto[k] for k in ("switch_s", "switch_share", "profile_s",
                                                                                  "switches")},
                       "rebuild_s": runs["auto"]["rebuild_s"]}, indent=1))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(result, args.out)
     return 0
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from bench_io import write_result
 from earl_core import events as ev
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
@@ -285,10 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ratios": result["ratios"], "targets": result["targets"],
                           "auto": {k: summary["auto"][k] for k in ("switch_s", "switch_share", "profile_s", "switches")}},
                          indent=1))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(result, args.out)
     return 0
 
 

@@ -57,6 +57,34 @@ class Shipment:
             advantages=None if advantages is None else torch.tensor(list(advantages), dtype=torch.float32),
         )
 
+    @classmethod
+    def concat(cls, parts: Sequence[Shipment]) -> Shipment:
+        """One shipment holding every sample of ``parts`` (in that order); advantages only if all parts carry them."""
+        lengths = torch.cat([p.offsets[1:] - p.offsets[:-1] for p in parts])
+        offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        with_adv = all(p.advantages is not None for p in parts)
+        return cls(ids=torch.cat([p.ids for p in parts]), groups=torch.cat([p.groups for p in parts]),
+                   rewards=torch.cat([p.rewards for p in parts]), offsets=offsets,
+                   token_ids=torch.cat([p.token_ids for p in parts]),
+                   action_mask=torch.cat([p.action_mask for p in parts]),
+                   advantages=torch.cat([p.advantages for p in parts]) if with_adv else None)  # type: ignore[misc]
+
+    def subset(self, ids: Sequence[int]) -> Shipment:
+        """The samples ``ids`` (in that order) as a new shipment: tensor slices, no per-token Python work."""
+        where = {int(s): i for i, s in enumerate(self.ids.tolist())}
+        rows = [where[int(s)] for s in ids]
+        spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in rows]
+        pick = torch.tensor(rows, dtype=torch.int64)
+        lengths = torch.tensor([b - a for a, b in spans], dtype=torch.int64)
+        offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t[a:b] for a, b in spans]) if spans else t[:0].clone()
+        return Shipment(ids=self.ids[pick], groups=self.groups[pick], rewards=self.rewards[pick], offsets=offsets,
+                        token_ids=cut(self.token_ids), action_mask=cut(self.action_mask),
+                        advantages=None if self.advantages is None else self.advantages[pick])
+
     def __len__(self) -> int:
         return int(self.ids.numel())
 

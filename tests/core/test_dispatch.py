@@ -193,6 +193,17 @@ def test_shipments_round_trip_and_assemble_in_the_expected_order() -> None:
     assert adv == [2.0, -1.0, 0.5]
 
 
+def test_subset_and_concat_keep_every_field() -> None:
+    records = [_record(i, n) for i, n in [(3, 5), (1, 9), (8, 2), (4, 7)]]
+    whole = Shipment.concat([Shipment.pack(records[:2], [0.1, 0.2]), Shipment.pack(records[2:], [0.3, 0.4])])
+    part = whole.subset([8, 3])
+    got, adv = assemble([part], expected=[8, 3])
+    assert [r["token_ids"] for r in got] == [records[2]["token_ids"], records[0]["token_ids"]]
+    assert [r["action_mask"] for r in got] == [records[2]["action_mask"], records[0]["action_mask"]]
+    assert adv == pytest.approx([0.3, 0.1]) and whole.nbytes == Shipment.pack(records, [0] * 4).nbytes
+    assert len(whole.subset([])) == 0
+
+
 def test_assemble_refuses_duplicates_and_gaps() -> None:
     records = [_record(i, 3) for i in range(3)]
     with pytest.raises(DispatchError, match="twice"):
