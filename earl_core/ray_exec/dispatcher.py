@@ -19,12 +19,12 @@ from typing import Any
 import ray
 
 from earl_core.config import AlgoConfig
-from earl_core.dispatch.group_stats import (baseline_advantages, batch_mean, grpo_from_table, merge, summarise,
-                                            table_from_wire, table_to_wire)
+from earl_core.dispatch.group_stats import (baseline_advantages, batch_mean, merge, summarise, table_from_wire,
+                                            table_to_wire)
 from earl_core.dispatch.plan import GroupLayout, Sample, TransferPlan, plan_transfers
 from earl_core.dispatch.shipment import Shipment
 from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
-from earl_core.rl.advantages import RunningBaseline
+from earl_core.rl.advantages import RunningBaseline, grpo_advantages
 
 DRIVER = -1
 """Destination key of the shipments the centralized mode gathers at the driver."""
@@ -122,21 +122,15 @@ class Dispatcher:
         fields: dict[str, int] = {}
         for shipment in gathered:
             _add(fields, shipment.field_bytes())
-        records = {r["index"]: r for s in gathered for r in s.records()}
-        ordered = sorted(records)
-        rewards = [records[i]["reward"] for i in ordered]
+        whole = Shipment.concat(gathered)
+        rewards, groups = whole.rewards.tolist(), whole.groups.tolist()
         if self.algo.name == "grpo":
-            groups = [records[i]["group"] for i in ordered]
-            values = grpo_from_table(rewards, groups, summarise(rewards, groups),
-                                     normalize_std=self.algo.normalize_std).tolist()
+            whole.advantages = grpo_advantages(rewards, groups, normalize_std=self.algo.normalize_std)
         else:
-            values = baseline_advantages(rewards, baseline.take(batch_mean(summarise(rewards, [0] * len(rewards))))
-                                         ).tolist()
-        advantage = dict(zip(ordered, values))
+            whole.advantages = baseline_advantages(rewards, baseline.take(batch_mean(summarise(rewards, groups))))
         refs: list[list[ray.ObjectRef]] = []
         for rank in range(plan.destination.ranks):
-            ids = plan.expected(rank)
-            shipment = Shipment.pack([records[i] for i in ids], [advantage[i] for i in ids])
+            shipment = whole.subset(plan.expected(rank))
             _add(fields, shipment.field_bytes())
             refs.append([ray.put(shipment)])
         answers = trainer.receive(refs, [plan.expected(r) for r in range(plan.destination.ranks)], {"kind": "given"})

@@ -5,10 +5,11 @@ A game yields one reward at its end; every agent token of the game shares the ep
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
+
+from earl_core.dispatch.group_stats import baseline_advantages, batch_mean, grpo_from_table, summarise
 
 
 def grpo_advantages(
@@ -20,25 +21,10 @@ def grpo_advantages(
 ) -> torch.Tensor:
     """(r - mean of its group) / (std of its group + eps); std is the population std (ddof=0).
 
-    A group whose games all got the same reward carries no signal and gets advantage 0.
+    A group whose games all got the same reward carries no signal and gets advantage 0. Computed from the batch's
+    per-group scalars (earl_core.dispatch.group_stats): the same code the trainer ranks run on their own share.
     """
-    if len(rewards) != len(groups):
-        raise ValueError(f"rewards ({len(rewards)}) and groups ({len(groups)}) differ in length")
-    r = torch.tensor(rewards, dtype=torch.float64)
-    out = torch.zeros_like(r)
-    members: dict[int, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    for idx in members.values():
-        sel = r[idx]
-        centred = sel - sel.mean()
-        std = sel.std(unbiased=False)
-        if std == 0:  # identical rewards: no signal (and no 0/0 when eps is 0)
-            continue
-        if normalize_std:
-            centred = centred / (std + eps)
-        out[idx] = centred
-    return out.float()
+    return grpo_from_table(rewards, groups, summarise(rewards, groups), normalize_std=normalize_std, eps=eps)
 
 
 class RunningBaseline:
@@ -57,5 +43,4 @@ class RunningBaseline:
 
     def advantages(self, rewards: Sequence[float]) -> torch.Tensor:
         """r - baseline (baseline taken before this batch), then fold this batch's mean into it."""
-        r = torch.tensor(rewards, dtype=torch.float32)
-        return r - self.take(float(r.mean()))
+        return baseline_advantages(rewards, self.take(batch_mean(summarise(rewards, [0] * len(rewards)))))
