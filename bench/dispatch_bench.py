@@ -6,9 +6,12 @@ one source and one destination worker (Ray actors pinned by that resource). Each
 samples (ragged lengths, the Shipment format a run moves); for each pair of source/destination layouts and each
 size, both modes move every sample to the destination ranks the plan (earl_core.dispatch.plan_transfers) names:
 
-- layout_aware: each source puts one shipment per receiving rank in its own object store; the driver passes the
-  references; receivers fetch straight from the source's node (a second rank of a TP group on the same node reads
-  that node's copy);
+- layout_aware over the object store (``layout_aware:object_store``): each source puts one shipment per receiving
+  rank in its own object store; the driver passes the references; receivers fetch straight from the source's node
+  (a second rank of a TP group on the same node reads that node's copy);
+- layout_aware over point-to-point messages (``layout_aware:collective``): sources and destinations form one gloo
+  dispatch group (earl_core.dispatch.wire); each source sends its shipments, each destination takes them by its
+  receive schedule (a rank relaying for a TP peer on its node passes its copy on); the driver sends only the plan;
 - centralized: the driver fetches every source's samples, cuts one shipment per destination group and puts it in
   its own store; every receiving rank fetches its group's shipment from the driver's node.
 
@@ -39,11 +42,13 @@ import ray
 import torch
 
 from bench_io import write_result
+from earl_core.dispatch import wire
 from earl_core.dispatch.plan import GroupLayout, Sample, TransferPlan, plan_transfers
 from earl_core.dispatch.shipment import Shipment
 
 MIB = 1 << 20
-DEFAULT_PAIRS = "dp8.tp1>dp8.tp1,dp8.tp1>dp4.tp2,dp4.tp2>dp8.tp1,dp8.tp1>dp2.tp4"
+DEFAULT_PAIRS = "dp8.tp1>dp8.tp1,dp8.tp1>dp4.tp2,dp4.tp2>dp2.tp4,dp8.tp1>dp2.tp4"
+DEFAULT_MODES = "layout_aware:collective,layout_aware:object_store,centralized"
 
 
 def parse_layout(text: str, nodes: list[str]) -> GroupLayout:
@@ -86,6 +91,13 @@ class SourceWorker:
     def drop(self) -> None:
         self.samples = None
 
+    def join(self, store: tuple[str, int], rank: int, world: int) -> None:
+        self.group = wire.join(host=ray.util.get_node_ip_address(), store=store, rank=rank, world=world)
+
+    def send(self, sends: dict[int, list[int]]) -> int:
+        """Send this rank's shipments over the dispatch group (keys: dispatch-group ranks)."""
+        return wire.send(self.group, {dest: self.samples.subset(ids) for dest, ids in sends.items()})
+
 
 @ray.remote(num_cpus=0)
 class DestinationWorker:
@@ -98,6 +110,27 @@ class DestinationWorker:
             raise RuntimeError(f"rank got {len(got)} samples, expected {len(expected)}")
         return sum(p.nbytes for p in parts)
 
+    def host_store(self, world: int) -> tuple[str, int]:
+        ip = ray.util.get_node_ip_address()
+        self.store, port = wire.host_store(ip, world)
+        return ip, port
+
+    def join(self, store: tuple[str, int], rank: int, world: int) -> None:
+        self.group = wire.join(host=ray.util.get_node_ip_address(), store=store, rank=rank, world=world)
+
+    def receive_messages(self, senders: list[int], forward: dict[int, list[int]], vias: list[int],
+                         expected: list[int]) -> int:
+        """Take one shipment per sender, pass on what TP peers read through this rank, take the relayed ones
+        (dispatch-group ranks throughout), and check the samples."""
+        direct = wire.receive(self.group, senders)
+        by_sender = dict(zip(senders, direct))
+        relayed = wire.exchange(self.group, {peer: Shipment.concat([by_sender[s] for s in via_senders])
+                                             for peer, via_senders in forward.items()}, vias)
+        got = sorted(s for p in direct + relayed for s in p.ids.tolist())
+        if got != sorted(expected):
+            raise RuntimeError(f"rank got {len(got)} samples, expected {len(expected)}")
+        return sum(p.nbytes for p in direct + relayed)
+
 
 def driver_link_bytes() -> int:
     """Bytes in + out of this namespace's link (the driver runs in n0)."""
@@ -108,6 +141,20 @@ def driver_link_bytes() -> int:
     return total
 
 
+def settle(quiet_bytes: int = 64 << 10, window_s: float = 0.5, limit_s: float = 60.0) -> float:
+    """Wait until the driver's link is idle (Ray may still push or free objects of the previous run), so a run's
+    link bytes are its own; returns the seconds waited."""
+    start = time.perf_counter()
+    last = driver_link_bytes()
+    while time.perf_counter() - start < limit_s:
+        time.sleep(window_s)
+        now = driver_link_bytes()
+        if now - last < quiet_bytes:
+            break
+        last = now
+    return time.perf_counter() - start
+
+
 def layout_aware(plan: TransferPlan, sources: list[Any], dests: list[Any]) -> None:
     sent = ray.get([s.ship.remote(plan.sends(i)) for i, s in enumerate(sources)])
     refs: list[list[ray.ObjectRef]] = [[] for _ in dests]
@@ -116,6 +163,19 @@ def layout_aware(plan: TransferPlan, sources: list[Any], dests: list[Any]) -> No
         if ref not in refs[t.receiver]:
             refs[t.receiver].append(ref)
     ray.get([d.receive.remote(refs[r], plan.expected(r)) for r, d in enumerate(dests)])
+
+
+def collective(plan: TransferPlan, sources: list[Any], dests: list[Any]) -> None:
+    """Sources send, destinations receive, all at once; dispatch-group rank of destination r is sources + r."""
+    offset = len(sources)
+    sending = [s.send.remote({offset + r: ids for r, ids in plan.sends(i).items()})
+               for i, s in enumerate(sources) if plan.sends(i)]
+    receiving = []
+    for r, d in enumerate(dests):
+        sched = plan.receive_schedule(r)
+        receiving.append(d.receive_messages.remote(sched.senders, {offset + p: v for p, v in sched.forward.items()},
+                                                   [offset + v for v in sched.vias], plan.expected(r)))
+    ray.get(sending + receiving)
 
 
 def centralized(plan: TransferPlan, sources: list[Any], dests: list[Any], held: list[list[int]]) -> int:
@@ -147,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", default=DEFAULT_PAIRS, help="source>destination layouts, comma-separated")
     ap.add_argument("--samples", type=int, default=64, help="samples per source group")
     ap.add_argument("--mbit", type=float, default=400, help="the shaped link rate (for the lower bound)")
-    ap.add_argument("--modes", default="layout_aware,centralized")
+    ap.add_argument("--modes", default=DEFAULT_MODES,
+                    help="layout_aware:collective, layout_aware:object_store, centralized (comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode and size (the median is reported)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "dispatch_bench.json"))
@@ -160,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     dests = [DestinationWorker.options(**p).remote() for p in pin]
     # Start every actor (a process per actor) and connect the nodes before anything is timed.
     ray.get([d.receive.remote([], []) for d in dests] + [s.drop.remote() for s in sources])
+    modes = args.modes.split(",")
+    if "layout_aware:collective" in modes:  # one dispatch group: sources 0..W-1, destinations W..2W-1
+        world = 2 * len(nodes)
+        store = ray.get(dests[0].host_store.remote(world))
+        ray.get([a.join.remote(store, rank, world) for rank, a in enumerate(sources + dests)])
     rate = args.mbit * 1e6 / 8
     rows: list[dict[str, Any]] = []
     for pair in args.pairs.split(","):
@@ -174,30 +240,35 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"pair": pair, "mib_per_worker": size,
                                    "network_mib": sum(o for o, _ in plan.link_tokens().values()) * 5 / MIB}
             gathered = 0
-            for mode in args.modes.split(","):
+            for mode in modes:
                 runs = []
                 for _ in range(args.repeat):
+                    settle()
                     before, start = driver_link_bytes(), time.perf_counter()
-                    if mode == "layout_aware":
+                    if mode == "layout_aware:object_store":
                         layout_aware(plan, sources, dests)
+                    elif mode == "layout_aware:collective":
+                        collective(plan, sources, dests)
                     else:
                         gathered = centralized(plan, sources, dests, held)
                     runs.append((time.perf_counter() - start, (driver_link_bytes() - before) / MIB))
                 # The median run (the first can include one-time connection set-up between nodes).
                 seconds, driver_mib = sorted(runs)[len(runs) // 2]
-                row[mode] = {"seconds": seconds, "driver_link_mib": driver_mib, "runs_s": [r[0] for r in runs]}
+                row[mode] = {"seconds": seconds, "driver_link_mib": driver_mib, "runs_s": [r[0] for r in runs],
+                             "runs_driver_link_mib": [r[1] for r in runs]}
             bounds = lower_bounds(plan, bytes_per_token, rate, gathered or int(size * MIB) * src.dp)
-            for mode in args.modes.split(","):
-                row[mode]["bound_s"] = bounds[mode]
-                row[mode]["vs_bound"] = row[mode]["seconds"] / bounds[mode] if bounds[mode] > 0 else None
-            if "layout_aware" in row and "centralized" in row:
-                row["speedup"] = row["centralized"]["seconds"] / row["layout_aware"]["seconds"]
+            for mode in modes:
+                bound = bounds[mode.split(":")[0]]  # both layout-aware transports carry the same plan's bytes
+                row[mode]["bound_s"] = bound
+                row[mode]["vs_bound"] = row[mode]["seconds"] / bound if bound > 0 else None
+                if mode != "centralized" and "centralized" in row:
+                    row[mode]["speedup"] = row["centralized"]["seconds"] / row[mode]["seconds"]
             rows.append(row)
-            la, ce = row.get("layout_aware", {}), row.get("centralized", {})
-            print(f"{pair:<20} {size:5.0f} MiB  aware {la.get('seconds', 0):7.2f}s (bound {la.get('bound_s', 0):6.2f}s, "
-                  f"driver {la.get('driver_link_mib', 0):7.1f} MiB)  central {ce.get('seconds', 0):7.2f}s "
-                  f"(bound {ce.get('bound_s', 0):6.2f}s, driver {ce.get('driver_link_mib', 0):7.1f} MiB)  "
-                  f"speedup {row.get('speedup', 0):6.1f}x", flush=True)
+            for mode in modes:
+                m = row[mode]
+                print(f"{pair:<18} {size:5.0f} MiB  {mode:<26} {m['seconds']:7.2f}s  bound {m['bound_s']:6.2f}s "
+                      f"({'  n/a' if m['vs_bound'] is None else format(m['vs_bound'], '5.2f')}x)  driver link {m['driver_link_mib']:8.1f} MiB"
+                      + (f"  speedup {m['speedup']:5.1f}x" if "speedup" in m else ""), flush=True)
             ray.get([s.drop.remote() for s in sources])
     result = {"machine": {"cpus": 2, "platform": platform.platform(), "torch": torch.__version__},
               "args": vars(args), "rows": rows}

@@ -277,9 +277,14 @@ class DispatchConfig:
     them (one copy per node, balanced by tokens, same-node first) and advantages are computed on the ranks from
     per-group reward scalars, so no bulk byte passes through the driver; centralized: the driver gathers every
     game, computes the advantages, re-splits and sends (what single-controller frameworks do; the baseline)."""
+    transport: str = "collective"
+    """How layout_aware moves the bytes: collective (torch.distributed point-to-point messages over a gloo group of
+    the engines and the trainer ranks; nearest the link limit in bench/dispatch_bench.py) or object_store (Ray
+    object references handed worker to worker). The centralized mode always goes through the driver's store."""
 
     def __post_init__(self) -> None:
         _check_choice("dispatch.mode", self.mode, ("layout_aware", "centralized"))
+        _check_choice("dispatch.transport", self.transport, ("collective", "object_store"))
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             rollout.load_weights(trainer.weights())
         stream.emit(ev.RunStatus("running", f"iterations {start_iter}..{cfg.iterations}"))
         baseline = RunningBaseline(cfg.algo.baseline_decay, baseline_value)
-        dispatcher = Dispatcher(cfg.dispatch.mode, cfg.algo)
+        dispatcher = Dispatcher(cfg.dispatch.mode, cfg.algo, cfg.dispatch.transport)
         last_records: list[dict[str, Any]] = []
         for it in range(start_iter, cfg.iterations):
             if should_stop():

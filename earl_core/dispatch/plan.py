@@ -79,6 +79,18 @@ class Transfer:
     """For ``peer``: the destination rank whose copy this rank reads."""
 
 
+@dataclass(frozen=True)
+class ReceiveSchedule:
+    """One destination rank's part of a plan carried by point-to-point messages (the collective transport)."""
+
+    senders: list[int]
+    """Source ranks that send this rank one shipment each (its local and network routes), ascending."""
+    forward: dict[int, list[int]]
+    """Peer rank -> the senders whose shipments this rank passes on to it (as one shipment)."""
+    vias: list[int]
+    """Ranks of its own TP group that pass it one shipment each (its peer routes), ascending."""
+
+
 @dataclass
 class TransferPlan:
     """The whole plan of one dispatch: assignment, transfers, and what each rank expects."""
@@ -106,6 +118,19 @@ class TransferPlan:
             if t.sender == sender and t.route != "peer":
                 out[t.receiver].append(t.sample)
         return {r: sorted(ids) for r, ids in sorted(out.items())}
+
+    def receive_schedule(self, rank: int) -> ReceiveSchedule:
+        """How destination ``rank`` gets its samples over messages: one shipment from each sender (what
+        ``sends(sender)[rank]`` names), then it forwards to each peer it relays for, and takes one shipment from
+        each rank it reads through. A relaying rank is the first of its group on its node, and every sample its
+        peers read through it came from the same senders, so a forward is exactly what those senders sent it."""
+        senders = sorted({t.sender for t in self.transfers if t.receiver == rank and t.route != "peer"})
+        forward: dict[int, set[int]] = defaultdict(set)
+        for t in self.transfers:
+            if t.route == "peer" and t.via == rank:
+                forward[t.receiver].add(t.sender)
+        vias = sorted({t.via for t in self.transfers if t.receiver == rank and t.route == "peer"})  # type: ignore[misc]
+        return ReceiveSchedule(senders, {p: sorted(s) for p, s in sorted(forward.items())}, vias)
 
     def link_tokens(self) -> dict[str, tuple[int, int]]:
         """(tokens out, tokens in) per node over the network: what the node's link carries under this plan."""

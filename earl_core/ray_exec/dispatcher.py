@@ -2,9 +2,12 @@
 
 Two modes on the same transfer plan (earl_core.dispatch.plan), so they feed the trainer identical inputs:
 
-- ``layout_aware`` (default): each engine puts one Shipment per receiving rank into its own object store and the
-  driver hands the references to the ranks, which fetch the bytes straight from the engine's node; advantages are
-  computed on the ranks from per-group reward scalars the engines reported. The driver sees metadata only.
+- ``layout_aware`` (default): the bytes go from each engine straight to the ranks the plan names, over one of two
+  transports: ``collective`` (default; the engines and the ranks form a gloo dispatch group, earl_core.dispatch.wire,
+  and send/receive point-to-point messages) or ``object_store`` (each engine puts one Shipment per receiving rank
+  into its own object store and the driver hands the references to the ranks, which fetch from the engine's node).
+  Advantages are computed on the ranks from per-group reward scalars the engines reported. The driver sees metadata
+  only.
 - ``centralized``: what single-controller frameworks do: the driver fetches every engine's games, computes the
   advantages, cuts one Shipment per rank and puts it into its own store for the ranks to fetch.
 """
@@ -56,11 +59,16 @@ def _add(total: dict[str, int], more: dict[str, int]) -> None:
 class Dispatcher:
     """Plans and runs one iteration's dispatch in the configured mode."""
 
-    def __init__(self, mode: str, algo: AlgoConfig) -> None:
+    def __init__(self, mode: str, algo: AlgoConfig, transport: str = "collective") -> None:
         if mode not in ("layout_aware", "centralized"):
             raise ValueError(f"dispatch mode must be layout_aware or centralized, not {mode!r}")
+        if transport not in ("collective", "object_store"):
+            raise ValueError(f"dispatch transport must be collective or object_store, not {transport!r}")
         self.mode = mode
+        self.transport = transport
         self.algo = algo
+        self._members: tuple[int, int, int] | None = None
+        """(rollout group, its engine generation, trainer group) the dispatch group was built for."""
 
     def plan(self, records: list[dict[str, Any]], rollout: RolloutGroup, trainer: TrainerGroup) -> TransferPlan:
         samples = [Sample(r["index"], r["tokens"], r["source"]) for r in records]
@@ -74,7 +82,9 @@ class Dispatcher:
         TrainerGroup.rl_step_received(). The engines keep the games until RolloutGroup.release()."""
         start = time.perf_counter()
         plan = self.plan(played["records"], rollout, trainer)
-        if self.mode == "layout_aware":
+        if self.mode == "layout_aware" and self.transport == "collective":
+            report = self._collective(plan, played, rollout, trainer, baseline)
+        elif self.mode == "layout_aware":
             report = self._layout_aware(plan, played, rollout, trainer, baseline)
         else:
             report = self._centralized(plan, played, rollout, trainer, baseline)
@@ -114,6 +124,41 @@ class Dispatcher:
         report.advantages = _advantages(plan, answers)
         return report
 
+    def _join(self, rollout: RolloutGroup, trainer: TrainerGroup) -> None:
+        """(Re)build the dispatch group when its members changed: engine ``i`` is rank i, trainer rank r is
+        engines + r; trainer rank 0 hosts the rendezvous store."""
+        members = (id(rollout), rollout.generation, id(trainer))
+        if members == self._members:
+            return
+        world = rollout.engines + len(trainer.actors)
+        store = ray.get(trainer.actors[0].host_dispatch_store.remote(world))
+        ray.get([a.join_dispatch.remote(store, i, world) for i, a in enumerate(rollout.actors)]
+                + [a.join_dispatch.remote(store, rollout.engines + r, world) for r, a in enumerate(trainer.actors)])
+        self._members = members
+
+    def _collective(self, plan: TransferPlan, played: dict[str, Any], rollout: RolloutGroup,
+                    trainer: TrainerGroup, baseline: RunningBaseline) -> DispatchReport:
+        self._join(rollout, trainer)
+        offset = rollout.engines  # dispatch-group rank of trainer rank r
+        spec = self._advantage_spec(played["groups"], baseline)
+        sending = [a.send_games.remote({offset + r: ids for r, ids in plan.sends(i).items()})
+                   for i, a in enumerate(rollout.actors) if plan.sends(i)]
+        receiving = []
+        for r, a in enumerate(trainer.actors):
+            schedule = plan.receive_schedule(r)
+            receiving.append(a.receive_messages.remote(
+                schedule.senders, {offset + p: s for p, s in schedule.forward.items()},
+                [offset + v for v in schedule.vias], plan.expected(r), spec))
+        done = _gather(sending + receiving)
+        sent, answers = done[:len(sending)], done[len(sending):]
+        fields: dict[str, int] = {}
+        for engine_sent in sent:
+            for shipped in engine_sent.values():
+                _add(fields, shipped)
+        report = DispatchReport(self.mode, 0.0, sum(fields.values()), 0, fields)
+        report.advantages = _advantages(plan, answers)
+        return report
+
     def _centralized(self, plan: TransferPlan, played: dict[str, Any], rollout: RolloutGroup,
                      trainer: TrainerGroup, baseline: RunningBaseline) -> DispatchReport:
         held = [sorted(r["index"] for r in played["records"] if r["source"] == e) for e in range(rollout.engines)]
@@ -138,6 +183,16 @@ class Dispatcher:
         report = DispatchReport(self.mode, 0.0, moved, moved, fields)
         report.advantages = _advantages(plan, answers)
         return report
+
+
+def _gather(refs: list[ray.ObjectRef]) -> list[Any]:
+    """Every result, but the first failure raises as soon as it happens: a rank that refused its samples must not
+    leave the driver waiting on senders blocked until the group's timeout."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)
 
 
 def _advantages(plan: TransferPlan, answers: list[dict[str, Any]]) -> dict[int, float]:

@@ -85,6 +85,8 @@ class RolloutGroup:
 
     def _start(self, tp: int) -> None:
         self.tp = tp
+        # Counts the engine sets this group has started (a dispatch group of the old engines is stale).
+        self.generation = getattr(self, "generation", 0) + 1
         engines = self.workers // tp
         # An engine's ranks are processes it starts itself (vLLM's executor): its bundle holds all their cores.
         self.gang = Gang("rollout workers", engines, cpus=self.num_cpus * tp, gpus=self.num_gpus * tp)

@@ -18,6 +18,7 @@ from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_episodes
 from earl_core.config import AlgoConfig
+from earl_core.dispatch import wire
 from earl_core.dispatch.group_stats import baseline_advantages, grpo_from_table, summarise, table_from_wire, table_to_wire
 from earl_core.dispatch.shipment import Shipment, assemble, metadata
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
@@ -97,6 +98,17 @@ class RolloutWorker:
             shipment = Shipment.pack([self.held[i] for i in ids])
             out[dest] = {"ref": [ray.put(shipment)], "bytes": shipment.field_bytes()}
         return out
+
+    def join_dispatch(self, store: tuple[str, int], rank: int, world: int) -> None:
+        """Join the dispatch group (earl_core.dispatch.wire) as ``rank``; replaces an earlier group."""
+        self.dispatch_group = wire.join(host=ray.util.get_node_ip_address(), store=store, rank=rank, world=world)
+
+    def send_games(self, sends: dict[int, list[int]]) -> dict[int, dict[str, int]]:
+        """Send one Shipment per receiver (sample ids per dispatch-group rank) over the dispatch group; returns the
+        bytes per field of each."""
+        shipments = {dest: Shipment.pack([self.held[i] for i in ids]) for dest, ids in sends.items()}
+        wire.send(self.dispatch_group, shipments)
+        return {dest: s.field_bytes() for dest, s in shipments.items()}
 
     def held_records(self) -> list[dict[str, Any]]:
         """The held games' whole records (per-token fields included)."""
@@ -224,12 +236,36 @@ class TrainerWorker:
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._dp_group)
         return t
 
+    def host_dispatch_store(self, world: int) -> tuple[str, int]:
+        """Host the dispatch group's rendezvous store on this rank's node; its address."""
+        ip = ray.util.get_node_ip_address()
+        self._dispatch_store, port = wire.host_store(ip, world)
+        return ip, port
+
+    def join_dispatch(self, store: tuple[str, int], rank: int, world: int) -> None:
+        """Join the dispatch group as ``rank`` (a group of its own: the trainer's process group is untouched)."""
+        self.dispatch_group = wire.join(host=ray.util.get_node_ip_address(), store=store, rank=rank, world=world)
+
     def receive(self, refs: list[ray.ObjectRef], expected: list[int], advantage: dict[str, Any]) -> dict[str, Any]:
-        """Fetch this rank's shipments (straight from the workers or the driver that put them), check that exactly
-        the expected samples came, in the expected order, and compute their advantages when they did not come
-        with them: from the merged per-group scalars (GRPO) or the baseline value (REINFORCE)."""
+        """Fetch this rank's shipments (straight from the workers or the driver that put them) and accept them."""
         start = time.perf_counter()
-        shipments = ray.get(refs)
+        return self._accept(ray.get(refs), expected, advantage, start)
+
+    def receive_messages(self, senders: list[int], forward: dict[int, list[int]], vias: list[int],
+                         expected: list[int], advantage: dict[str, Any]) -> dict[str, Any]:
+        """Take this rank's shipments over the dispatch group (TransferPlan.receive_schedule, in dispatch-group
+        ranks): one from each sender, pass on what TP peers on this node read through it, take the relayed ones."""
+        start = time.perf_counter()
+        direct = wire.receive(self.dispatch_group, senders)
+        by_sender = dict(zip(senders, direct))
+        relayed = wire.exchange(self.dispatch_group, {peer: Shipment.concat([by_sender[s] for s in via_senders])
+                                                      for peer, via_senders in forward.items()}, vias)
+        return self._accept(direct + relayed, expected, advantage, start)
+
+    def _accept(self, shipments: list[Shipment], expected: list[int], advantage: dict[str, Any],
+                start: float) -> dict[str, Any]:
+        """Check that exactly the expected samples came, in the expected order, and compute their advantages when
+        they did not come with them: from the merged per-group scalars (GRPO) or the baseline value (REINFORCE)."""
         records, advantages = assemble(shipments, expected)
         if advantages is None:
             rewards = [r["reward"] for r in records]

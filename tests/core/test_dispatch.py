@@ -62,6 +62,24 @@ def test_every_rank_gets_each_of_its_samples_exactly_once_in_order(problem, loca
 
 @settings(max_examples=200, deadline=None)
 @given(problems(), st.booleans())
+def test_message_schedules_deliver_each_sample_exactly_once(problem, locality) -> None:
+    """Replaying every rank's receive schedule with the senders' shipments gives each rank exactly its samples."""
+    samples, source, destination = problem
+    plan = plan_transfers(samples, source, destination, locality=locality)
+    sent = {s: plan.sends(s) for s in range(source.ranks)}
+    schedules = [plan.receive_schedule(r) for r in range(destination.ranks)]
+    for rank, schedule in enumerate(schedules):
+        direct = [sid for s in schedule.senders for sid in sent[s][rank]]
+        assert schedule.senders == sorted(s for s in sent if rank in sent[s])  # a message from every sender, only
+        relayed = []
+        for via in schedule.vias:
+            assert rank in schedules[via].forward and not schedules[via].vias  # relays relay first-hand copies
+            relayed += [sid for s in schedules[via].forward[rank] for sid in sent[s][via]]
+        assert sorted(direct + relayed) == plan.expected(rank)
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems(), st.booleans())
 def test_token_balance_stays_within_the_stated_bound(problem, locality) -> None:
     samples, source, destination = problem
     plan = plan_transfers(samples, source, destination, locality=locality)

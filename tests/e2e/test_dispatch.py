@@ -1,6 +1,7 @@
 """The Data Dispatcher on a real two-node Ray cluster (two raylets, each with its own object store): games played on
-one node reach the trainer ranks on the other; both modes feed identical inputs and advantages and train to the same
-weights; only the centralized mode moves bulk bytes through the driver.
+one node reach the trainer ranks on the other; both modes (the layout-aware one over both transports) feed identical
+inputs and advantages and train to the same weights; only the centralized mode moves bulk bytes through the driver;
+with a TP=2 trainer the second rank of the group gets its copy relayed by its peer on the same node.
 
 Ray advertises the machine's interface address even when told 127.0.0.1, so the cluster runs in a network namespace
 of its own (``unshare -n``) where loopback is the only interface (two_node_dispatch.py)."""
@@ -36,8 +37,9 @@ def test_two_node_dispatch_both_modes_train_identically(protocol_model: Path) ->
     records = out["records"]
     assert out["cluster_nodes"] == 2
     assert all("token_ids" not in r for r in records), "the driver got per-token fields"
-    for name in ("grpo", "reinforce"):
-        central, aware = out[name]["centralized"], out[name]["layout_aware"]
+    for name, transport in (("grpo", "object_store"), ("reinforce", "object_store"), ("grpo", "collective"),
+                            ("reinforce", "collective")):
+        central, aware = out[name]["centralized"], out[name][transport]
         c, a = central["report"], aware["report"]
         # The engines sit on one node, the trainer ranks on the other.
         assert len(out["engine_nodes"]) == 1 and central["nodes"] == aware["nodes"]
@@ -57,6 +59,12 @@ def test_two_node_dispatch_both_modes_train_identically(protocol_model: Path) ->
         # Same inputs, same step: the same losses and the same weights.
         assert a_metrics_equal(central["metrics"], aware["metrics"])
         assert central["weights_hash"] == aware["weights_hash"]
+    central, relayed = out["tp2"]["centralized"], out["tp2"]["collective"]
+    assert relayed["routes"] == ["network", "peer"] and len(relayed["nodes"]) == 1
+    assert relayed["report"]["network_tokens"] == sum(r["tokens"] for r in records)  # one crossing per game
+    assert relayed["report"]["advantages"] == central["report"]["advantages"]
+    assert a_metrics_equal(central["metrics"], relayed["metrics"])
+    assert central["weights_hash"] == relayed["weights_hash"]
 
 
 def a_metrics_equal(x: dict, y: dict) -> bool:

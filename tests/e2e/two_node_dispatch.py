@@ -33,20 +33,28 @@ def specs(n: int) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def train(model: str, algo: AlgoConfig, mode: str, played: dict[str, Any], rollout: RolloutGroup) -> dict[str, Any]:
-    trainer = TrainerGroup(model, workers=2, algo=algo.__dict__, reference_dir=None, seed=0)
+WAYS = {"centralized": ("centralized", "object_store"), "object_store": ("layout_aware", "object_store"),
+        "collective": ("layout_aware", "collective")}
+"""The dispatches compared: the baseline and the layout-aware mode over each transport."""
+
+
+def train(model: str, algo: AlgoConfig, way: str, played: dict[str, Any], rollout: RolloutGroup, *,
+          tp: int = 1) -> dict[str, Any]:
+    trainer = TrainerGroup(model, workers=2, algo=algo.__dict__, reference_dir=None, seed=0, tp=tp)
     try:
         # A baseline from earlier iterations (0.5): the untrained policy's games may all end alike, and advantages
         # of zero would train nothing.
         baseline = RunningBaseline(algo.baseline_decay, 0.5)
-        report = Dispatcher(mode, algo).dispatch(played, rollout, trainer, baseline)
+        dispatcher = Dispatcher(*WAYS[way][:1], algo, WAYS[way][1])
+        routes = sorted({t.route for t in dispatcher.plan(played["records"], rollout, trainer).transfers})
+        report = dispatcher.dispatch(played, rollout, trainer, baseline)
         nodes = sorted(set(trainer.nodes()))
         metrics = trainer.rl_step_received()
         weights = ray.get(trainer.weights()[0])
     finally:
         trainer.close()
     return {"report": {**report.__dict__, "advantages": {str(k): v for k, v in report.advantages.items()}},
-            "nodes": nodes, "metrics": metrics,
+            "nodes": nodes, "metrics": metrics, "routes": routes,
             "weights_hash": weights_hash(weights)}
 
 
@@ -76,7 +84,10 @@ def main(model: str) -> dict[str, Any]:
             out["engine_nodes"] = sorted(set(rollout.nodes()))
             for name in ("grpo", "reinforce"):
                 algo = AlgoConfig(name=name, lr=1e-3, micro_batch=2, epochs=1, kl_coef=0.0)
-                out[name] = {mode: train(model, algo, mode, played, rollout) for mode in ("centralized", "layout_aware")}
+                out[name] = {way: train(model, algo, way, played, rollout) for way in WAYS}
+            # One TP group of two ranks on the other node: one network copy, the second rank gets it relayed.
+            grpo = AlgoConfig(name="grpo", lr=1e-3, micro_batch=2, epochs=1, kl_coef=0.0)
+            out["tp2"] = {way: train(model, grpo, way, played, rollout, tp=2) for way in ("centralized", "collective")}
         finally:
             rollout.close()
     finally:
