@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from earl_core.errors import ConfigError
+from webapp.scheduling.resources import SchedulingError
 
 
 class Conflict(exceptions.APIException):
@@ -50,6 +51,8 @@ def _flatten(detail: Any, path: str = "") -> list[dict[str, Any]]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, SchedulingError):  # a run refused at submit time names the request field at fault
+        exc = FieldErrors([{"field": exc.field, "message": exc.reason, "allowed": exc.allowed}])
     response = drf_handler(exc, context)
     if response is None:
         return None

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "webapp.accounts",
     "webapp.runs",
     "webapp.cluster",
+    "webapp.scheduling",
 ]
 
 MIDDLEWARE = [

@@ -10,6 +10,7 @@ from rest_framework.routers import DefaultRouter
 from webapp.accounts.api import TeamListView, TokenView
 from webapp.cluster.api import ClusterView
 from webapp.runs.api import RunViewSet
+from webapp.scheduling.api import TeamQuotaView
 
 router = DefaultRouter(trailing_slash=True)
 router.register("runs", RunViewSet, basename="run")
@@ -17,6 +18,7 @@ router.register("runs", RunViewSet, basename="run")
 api = [
     path("auth/token/", TokenView.as_view(), name="api-token"),
     path("teams/", TeamListView.as_view(), name="api-teams"),
+    path("teams/<str:team>/quota/", TeamQuotaView.as_view(), name="api-team-quota"),
     path("cluster/", ClusterView.as_view(), name="api-cluster"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -7,7 +7,10 @@ const connection = $("connection");
 
 function resourcesText(res) {
   if (!res || !Object.keys(res).length) return "default";
-  return Object.entries(res).map(([k, v]) => `${k}=${v}`).join(" ");
+  const flat = (obj) => Object.entries(obj).map(([k, v]) => `${k}=${v}`).join(" ");
+  // A gang of bundles: one bracket per worker's bundle.
+  if (Array.isArray(res.bundles)) return res.bundles.map((b) => `[${flat(b)}]`).join(" ");
+  return flat(res);
 }
 
 function runCell(row) {

@@ -13,6 +13,7 @@ from earl_core.config import config_errors
 from webapp.accounts.models import Membership, Team
 from webapp.api_errors import FieldErrors, config_field_errors
 from webapp.runs.models import Checkpoint, Game, Run
+from webapp.scheduling.gang import SHAPES, resources_errors
 
 # Fields of the core config the service owns: where a run writes is not the user's choice.
 SERVICE_OWNED = {"output_dir": "set by the service (each run writes into its own folder)"}
@@ -90,6 +91,7 @@ class RunCreateSerializer(serializers.Serializer):
     team = serializers.JSONField(required=False, help_text="team id or slug")
     config = serializers.JSONField(required=False, help_text="the core run config (see README's config reference)")
     priority = serializers.JSONField(required=False, help_text="low | normal | high | urgent (team admins)")
+    resources = serializers.JSONField(required=False, help_text=f"the run's gang of bundles: {SHAPES}")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         user = self.context["request"].user
@@ -120,11 +122,12 @@ class RunCreateSerializer(serializers.Serializer):
             errors.append({"field": "config", "message": "required", "allowed": "a JSON object (the run config)"})
         else:
             errors += service_config_errors(attrs["config"])
+        errors += config_field_errors(resources_errors(attrs.get("resources")), prefix="")
         if errors:
             self.field_errors = errors
             raise serializers.ValidationError({e["field"]: [e["message"]] for e in errors})
         config = attrs["config"]
-        return {"team": team, "config": config, "priority": priority,
+        return {"team": team, "config": config, "priority": priority, "resources": attrs.get("resources") or {},
                 "name": (name or "").strip() or str(config.get("name") or "run")[:100]}
 
 

@@ -10,10 +10,13 @@ from django.utils import timezone
 
 from earl_core.checkpoints import complete_checkpoints
 from earl_core.config import RunConfig
+from earl_core.errors import ConfigError
 from webapp.accounts.models import Membership, Team
+from webapp.cluster.ray_view import ray_nodes
 from webapp.queue import enqueue_run
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Checkpoint, Game, Run, RunEvent
+from webapp.scheduling.submission import check_submission, cluster_nodes
 
 
 class StateConflict(Exception):
@@ -49,8 +52,17 @@ def _store_status_event(run: Run, status: str, message: str) -> dict[str, Any]:
 
 def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], priority: str = Run.Priority.NORMAL,
                resources: dict[str, Any] | None = None, cloned_from: Run | None = None) -> Run:
-    """Store a validated run as queued and hand it to the queue once the transaction commits."""
+    """Store a validated run as queued and hand it to the queue once the transaction commits.
+
+    A run that could never start on the cluster, or that its team's quota does not allow, is refused with a
+    SchedulingError naming the request field (the API answers 400) and nothing is stored.
+    """
+    # Asked before the transaction: the dashboard may take its whole timeout, and no lock should wait on it.
+    nodes = cluster_nodes(ray_nodes())
     with transaction.atomic():
+        # The team's row lock makes a team's submissions take turns, so max_queued holds under concurrent submits.
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        check_submission(team, resources=resources or {}, config=_sizing_config(config), nodes=nodes)
         run = Run.objects.create(team=team, owner=user, name=name, config=config, priority=priority,
                                  resources=resources or {}, cloned_from=cloned_from)
         envelope = _store_status_event(run, Run.Status.QUEUED, "waiting for a worker")
@@ -61,6 +73,18 @@ def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], prio
         transaction.on_commit(lambda: publish_events(run.pk, [envelope]), robust=True)
         transaction.on_commit(publish_cluster_change, robust=True)
     return run
+
+
+def _sizing_config(config: dict[str, Any]) -> RunConfig:
+    """The config the default gang is derived from; the core's defaults for a config that does not build.
+
+    The API never stores such a config, but a direct call may (a worker then fails the run with the config's own
+    error, which is more use to its owner than a refusal here).
+    """
+    try:
+        return RunConfig.from_dict(config)
+    except ConfigError:
+        return RunConfig()
 
 
 def request_cancel(run: Run) -> Run:
