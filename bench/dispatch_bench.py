@@ -43,7 +43,7 @@ import torch
 
 from bench_io import write_result
 from earl_core.dispatch import wire
-from earl_core.dispatch.plan import GroupLayout, Sample, TransferPlan, plan_transfers
+from earl_core.dispatch.plan import GroupLayout, ReceiveSchedule, Sample, TransferPlan, plan_transfers
 from earl_core.dispatch.shipment import Shipment
 
 MIB = 1 << 20
@@ -118,18 +118,13 @@ class DestinationWorker:
     def join(self, store: tuple[str, int], rank: int, world: int) -> None:
         self.group = wire.join(host=ray.util.get_node_ip_address(), store=store, rank=rank, world=world)
 
-    def receive_messages(self, senders: list[int], forward: dict[int, list[int]], vias: list[int],
-                         expected: list[int]) -> int:
-        """Take one shipment per sender, pass on what TP peers read through this rank, take the relayed ones
-        (dispatch-group ranks throughout), and check the samples."""
-        direct = wire.receive(self.group, senders)
-        by_sender = dict(zip(senders, direct))
-        relayed = wire.exchange(self.group, {peer: Shipment.concat([by_sender[s] for s in via_senders])
-                                             for peer, via_senders in forward.items()}, vias)
-        got = sorted(s for p in direct + relayed for s in p.ids.tolist())
+    def receive_messages(self, schedule: ReceiveSchedule, offset: int, expected: list[int]) -> int:
+        """Take this rank's shipments over the dispatch group by its receive schedule and check the samples."""
+        parts = wire.receive_scheduled(self.group, schedule, offset=offset)
+        got = sorted(s for p in parts for s in p.ids.tolist())
         if got != sorted(expected):
             raise RuntimeError(f"rank got {len(got)} samples, expected {len(expected)}")
-        return sum(p.nbytes for p in direct + relayed)
+        return sum(p.nbytes for p in parts)
 
 
 def driver_link_bytes() -> int:
@@ -168,13 +163,10 @@ def layout_aware(plan: TransferPlan, sources: list[Any], dests: list[Any]) -> No
 def collective(plan: TransferPlan, sources: list[Any], dests: list[Any]) -> None:
     """Sources send, destinations receive, all at once; dispatch-group rank of destination r is sources + r."""
     offset = len(sources)
-    sending = [s.send.remote({offset + r: ids for r, ids in plan.sends(i).items()})
-               for i, s in enumerate(sources) if plan.sends(i)]
-    receiving = []
-    for r, d in enumerate(dests):
-        sched = plan.receive_schedule(r)
-        receiving.append(d.receive_messages.remote(sched.senders, {offset + p: v for p, v in sched.forward.items()},
-                                                   [offset + v for v in sched.vias], plan.expected(r)))
+    sends = [plan.sends(i) for i in range(len(sources))]
+    sending = [s.send.remote({offset + r: ids for r, ids in part.items()}) for s, part in zip(sources, sends) if part]
+    receiving = [d.receive_messages.remote(plan.receive_schedule(r), offset, plan.expected(r))
+                 for r, d in enumerate(dests)]
     ray.get(sending + receiving)
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from earl_core.dispatch.plan import ReceiveSchedule
 from earl_core.dispatch.shipment import Shipment
 
 HEADER_TAG = 1
@@ -103,3 +104,14 @@ def receive(group: dist.ProcessGroupGloo, sources: Sequence[int]) -> list[Shipme
     for work in works:
         work.wait()
     return [Shipment(**fields) for fields in buffers]
+
+
+def receive_scheduled(group: dist.ProcessGroupGloo, schedule: ReceiveSchedule, *, offset: int) -> list[Shipment]:
+    """A destination rank's part of a plan (TransferPlan.receive_schedule): one shipment from each sender, then
+    what TP peers on its node read through it passed on (as one shipment each) while the relayed ones come in.
+    Source rank i is group rank i; destination rank r is group rank ``offset + r``."""
+    direct = receive(group, schedule.senders)
+    by_sender = dict(zip(schedule.senders, direct))
+    outgoing = {offset + peer: Shipment.concat([by_sender[s] for s in senders])
+                for peer, senders in schedule.forward.items()}
+    return direct + exchange(group, outgoing, [offset + via for via in schedule.vias])

@@ -141,14 +141,11 @@ class Dispatcher:
         self._join(rollout, trainer)
         offset = rollout.engines  # dispatch-group rank of trainer rank r
         spec = self._advantage_spec(played["groups"], baseline)
-        sending = [a.send_games.remote({offset + r: ids for r, ids in plan.sends(i).items()})
-                   for i, a in enumerate(rollout.actors) if plan.sends(i)]
-        receiving = []
-        for r, a in enumerate(trainer.actors):
-            schedule = plan.receive_schedule(r)
-            receiving.append(a.receive_messages.remote(
-                schedule.senders, {offset + p: s for p, s in schedule.forward.items()},
-                [offset + v for v in schedule.vias], plan.expected(r), spec))
+        sends = [plan.sends(i) for i in range(rollout.engines)]
+        sending = [a.send_games.remote({offset + r: ids for r, ids in part.items()})
+                   for a, part in zip(rollout.actors, sends) if part]
+        receiving = [a.receive_messages.remote(plan.receive_schedule(r), offset, plan.expected(r), spec)
+                     for r, a in enumerate(trainer.actors)]
         done = _gather(sending + receiving)
         sent, answers = done[:len(sending)], done[len(sending):]
         fields: dict[str, int] = {}

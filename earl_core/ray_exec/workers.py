@@ -20,6 +20,7 @@ from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_e
 from earl_core.config import AlgoConfig
 from earl_core.dispatch import wire
 from earl_core.dispatch.group_stats import baseline_advantages, grpo_from_table, summarise, table_from_wire, table_to_wire
+from earl_core.dispatch.plan import ReceiveSchedule
 from earl_core.dispatch.shipment import Shipment, assemble, metadata
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
@@ -251,16 +252,13 @@ class TrainerWorker:
         start = time.perf_counter()
         return self._accept(ray.get(refs), expected, advantage, start)
 
-    def receive_messages(self, senders: list[int], forward: dict[int, list[int]], vias: list[int],
-                         expected: list[int], advantage: dict[str, Any]) -> dict[str, Any]:
-        """Take this rank's shipments over the dispatch group (TransferPlan.receive_schedule, in dispatch-group
-        ranks): one from each sender, pass on what TP peers on this node read through it, take the relayed ones."""
+    def receive_messages(self, schedule: ReceiveSchedule, offset: int, expected: list[int],
+                         advantage: dict[str, Any]) -> dict[str, Any]:
+        """Take this rank's shipments over the dispatch group by its receive schedule (wire.receive_scheduled;
+        trainer rank r is dispatch-group rank ``offset + r``) and accept them."""
         start = time.perf_counter()
-        direct = wire.receive(self.dispatch_group, senders)
-        by_sender = dict(zip(senders, direct))
-        relayed = wire.exchange(self.dispatch_group, {peer: Shipment.concat([by_sender[s] for s in via_senders])
-                                                      for peer, via_senders in forward.items()}, vias)
-        return self._accept(direct + relayed, expected, advantage, start)
+        return self._accept(wire.receive_scheduled(self.dispatch_group, schedule, offset=offset), expected,
+                            advantage, start)
 
     def _accept(self, shipments: list[Shipment], expected: list[int], advantage: dict[str, Any],
                 start: float) -> dict[str, Any]:
