@@ -28,7 +28,7 @@ class Event:
 @dataclass(frozen=True)
 class RunStatus(Event):
     type: ClassVar[str] = "run.status"
-    status: str  # queued | starting | running | cancelling | cancelled | succeeded | failed
+    status: str  # queued | starting | running | paused | cancelling | cancelled | succeeded | failed
     message: str = ""
 
 

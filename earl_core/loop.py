@@ -100,8 +100,13 @@ def train(
     should_stop: Callable[[], bool] = lambda: False,
     ray_address: str | None = None,
     start_seq: int | None = None,
+    should_pause: Callable[[], bool] = lambda: False,
 ) -> RunSummary:
     """Run the whole training; every status, metric, memory reading and sample game goes to `sink`.
+
+    Between iterations, `should_stop` ends the run as cancelled and `should_pause` as paused (a scheduler taking
+    the resources back); either way a checkpoint of the next iteration is written first, so `resume=True` later
+    continues from exactly there.
 
     `start_seq` is the last event number the caller already holds (None: continue the run folder's
     events.jsonl when resuming, else start at 1).
@@ -124,7 +129,8 @@ def train(
     stream = ev.EventStream(run_id if run_id is not None else cfg.name, both, start_seq=start_seq)
     stream.emit(ev.RunStatus("starting", "preparing model and workers"))
     try:
-        return _run(cfg, stream, resume=resume, should_stop=should_stop, ray_address=ray_address)
+        return _run(cfg, stream, resume=resume, should_stop=should_stop, should_pause=should_pause,
+                    ray_address=ray_address)
     except BaseException as exc:
         stream.emit(ev.Error(message=str(exc) or type(exc).__name__, kind=type(exc).__name__,
                              traceback=traceback.format_exc()))
@@ -141,7 +147,7 @@ def _gpus_per_worker(cfg: RunConfig) -> float:
 
 
 def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: Callable[[], bool],
-         ray_address: str | None) -> RunSummary:
+         should_pause: Callable[[], bool], ray_address: str | None) -> RunSummary:
     run_dir = cfg.run_dir
     base = base_model_dir(cfg)
     start_iter, init_dir, baseline_value = 0, base, None
@@ -211,6 +217,10 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
                 last_ckpt = _checkpoint(cfg, trainer, it, baseline)
                 stream.emit(ev.RunStatus("cancelled", f"stopped before iteration {it}"))
                 return RunSummary("cancelled", it, last_ckpt, values, str(run_dir))
+            if should_pause():
+                last_ckpt = _checkpoint(cfg, trainer, it, baseline)
+                stream.emit(ev.RunStatus("paused", f"checkpointed before iteration {it}; a resume continues there"))
+                return RunSummary("paused", it, last_ckpt, values, str(run_dir))
             values, last_records = _iteration(cfg, it, rollout, trainer, baseline, stream, planner, rollout_planner,
                                               dispatcher, last_records)
             with metrics_path.open("a") as fh:

@@ -28,6 +28,8 @@ RAY_ADDRESS = env_str("RAY_ADDRESS", "")
 RAY_DASHBOARD_URL = env_str("RAY_DASHBOARD_URL", "")
 # How often (s) a running task looks for a cancel request; cancel takes effect at the next safe point.
 EARL_CANCEL_POLL_S = env_int("EARL_CANCEL_POLL_S", 1, minimum=1)
+# Fair share compares the teams' usage over this trailing window (one value for the cluster, so shares compare).
+EARL_FAIR_SHARE_WINDOW_S = env_int("EARL_FAIR_SHARE_WINDOW_S", 24 * 3600, minimum=60)
 
 INSTALLED_APPS = [
     "daphne",

@@ -15,7 +15,9 @@ from earl_core import events as ev
 from earl_core.loop import RunSummary, latest_checkpoint, train
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Run
-from webapp.runs.services import core_config, store_events, sync_checkpoints
+from webapp.runs.services import core_config, requeue_preempted, store_events, sync_checkpoints
+from webapp.scheduling.admission import close_allocation, request_admission
+from webapp.scheduling.models import Allocation
 from workers.celery_app import app
 from workers.relay import EventRelay
 
@@ -30,32 +32,58 @@ def _announce_cluster_change() -> None:
         log.warning("could not publish a cluster change", exc_info=True)
 
 
-class CancelFlag:
-    """`should_stop` for the core: reads the run's cancel flag from the database, at most once per poll interval."""
+class StopFlags:
+    """The core's `should_stop` (a cancel) and `should_pause` (a preemption): the run's two flags read from the
+    database in one query, at most once per poll interval."""
 
     def __init__(self, run_id: int, *, poll_s: float) -> None:
         self.run_id = run_id
         self.poll_s = poll_s
         self._checked = 0.0
-        self._stop = False
+        self._cancel = False
+        self._pause = False
 
-    def __call__(self) -> bool:
-        if not self._stop and time.monotonic() - self._checked >= self.poll_s:
+    def _poll(self) -> None:
+        if not (self._cancel or self._pause) and time.monotonic() - self._checked >= self.poll_s:
             close_old_connections()
-            self._stop = Run.objects.filter(pk=self.run_id, cancel_requested=True).exists()
+            flags = Run.objects.filter(pk=self.run_id).values_list("cancel_requested", "preempt_requested").first()
+            self._cancel, self._pause = flags or (True, False)  # a deleted run stops
             self._checked = time.monotonic()
-        return self._stop
+
+    def cancel(self) -> bool:
+        self._poll()
+        return self._cancel
+
+    def pause(self) -> bool:
+        self._poll()
+        return self._pause and not self._cancel
 
 
 def _claim(run_id: int) -> Run | None:
-    """Move a queued run to starting under a row lock; None when it is not queued (cancelled, or already taken)."""
+    """Move an admitted queued run to starting under a row lock; None when there is nothing to start.
+
+    Nothing to start: the run is not queued (cancelled, or another worker took it), it holds no allocation (a
+    task that outran or outlived its admission: the next pass that admits it queues it again), or it was asked to
+    make room before it started (it goes back to waiting, no checkpoint needed).
+    """
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.status != Run.Status.QUEUED:
             return None
+        if not run.allocations.filter(ended_at__isnull=True).exists():
+            log.info("run %s is queued but not admitted; the admission pass will queue it when it may start", run_id)
+            return None
+        if run.preempt_requested:
+            close_allocation(run, Allocation.End.PREEMPTED)
+            run.preempt_requested = False
+            run.queue = {}
+            run.save(update_fields=["preempt_requested", "queue"])
+            transaction.on_commit(request_admission)
+            return None
         run.status = Run.Status.STARTING
-        run.started_at = timezone.now()
-        run.save(update_fields=["status", "started_at"])
+        run.started_at = run.started_at or timezone.now()
+        run.queue = {}
+        run.save(update_fields=["status", "started_at", "queue"])
     _announce_cluster_change()
     return run
 
@@ -70,21 +98,33 @@ def _fail_before_start(run: Run, exc: BaseException) -> None:
 
 
 def _finish(run_id: int, summary: RunSummary | None, error: BaseException | None) -> None:
-    """Make the row agree with how the core ended, whatever events did or did not arrive."""
+    """Make the row agree with how the core ended, whatever events did or did not arrive; give its room back.
+
+    A paused run (preempted) goes back to the queue with its progress; it resumes from its checkpoint when a
+    later pass admits it again. Then a pass runs: what this run held may start others.
+    """
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        if summary is not None:
-            run.status = summary.status
-            run.summary = {"iterations_done": summary.iterations_done, "last_checkpoint": summary.last_checkpoint,
-                           "final_metrics": summary.final_metrics}
-            run.iterations_done = summary.iterations_done
+        if summary is not None and summary.status == "paused":
+            envelope = requeue_preempted(run, summary.iterations_done)
+            transaction.on_commit(lambda: publish_events(run_id, [envelope]), robust=True)
         else:
-            run.status = Run.Status.FAILED
-            run.error = (str(error) or type(error).__name__)[:10_000]
-        run.finished_at = run.finished_at or timezone.now()
-        run.save(update_fields=["status", "summary", "iterations_done", "error", "finished_at"])
+            if summary is not None:
+                run.status = summary.status
+                run.summary = {"iterations_done": summary.iterations_done, "last_checkpoint": summary.last_checkpoint,
+                               "final_metrics": summary.final_metrics}
+                run.iterations_done = summary.iterations_done
+            else:
+                run.status = Run.Status.FAILED
+                run.error = (str(error) or type(error).__name__)[:10_000]
+            run.finished_at = run.finished_at or timezone.now()
+            run.preempt_requested = False
+            run.save(update_fields=["status", "summary", "iterations_done", "error", "finished_at",
+                                    "preempt_requested"])
+            close_allocation(run, run.status)
     sync_checkpoints(run)
     _announce_cluster_change()
+    request_admission()
 
 
 @app.task(name="workers.execute_run")
@@ -106,8 +146,9 @@ def execute_run(run_id: int) -> dict[str, Any]:
     summary: RunSummary | None = None
     error: BaseException | None = None
     try:
+        flags = StopFlags(run_id, poll_s=settings.EARL_CANCEL_POLL_S)
         summary = train(cfg, relay, run_id=run_id, resume=latest_checkpoint(cfg.run_dir) is not None,
-                        should_stop=CancelFlag(run_id, poll_s=settings.EARL_CANCEL_POLL_S),
+                        should_stop=flags.cancel, should_pause=flags.pause,
                         ray_address=settings.RAY_ADDRESS or None, start_seq=run.last_seq)
     except BaseException as exc:
         error = exc

@@ -287,7 +287,7 @@ def test_ctrl_c_stops_following_but_not_the_run(alice: Any, alice_run: int, live
     finally:
         follow.kill()
     assert follow.returncode == 130
-    assert out.startswith("#1  ") and "run.status  queued: waiting for a worker" in out
+    assert out.startswith("#1  ") and "run.status  queued: waiting for admission" in out
     assert err == (f"earl: stopped watching; run {alice_run} keeps going "
                    f"(cancel it with `earl runs cancel {alice_run}`)\n")
     assert Run.objects.get(pk=alice_run).status == "queued"

@@ -136,3 +136,39 @@ def test_cancel_stops_a_running_run_at_a_safe_point(worker: Stack, as_alice: Any
     assert run.summary["last_checkpoint"]  # the core checkpoints when it stops
     statuses = [e.data["status"] for e in RunEvent.objects.filter(run=run, type="run.status").order_by("seq")]
     assert statuses[-1] == "cancelled"
+
+
+def test_a_preempted_run_checkpoints_requeues_and_resumes_from_its_checkpoint(
+        worker: Stack, as_alice: Any, settings: Any) -> None:
+    """A high run that does not fit stops a preemptible low one: the low run pauses at a checkpoint, waits, and
+    resumes there once the high run is done. Every pass sees the real Ray head (4 CPUs) through its dashboard."""
+    settings.RAY_DASHBOARD_URL = worker.env["RAY_DASHBOARD_URL"]
+    low_config = {**TINY_CONFIG, "iterations": 12, "checkpoint_every": 1}
+    low_id = as_alice.post("/api/runs/", {"team": "ants", "name": "low", "config": low_config, "priority": "low",
+                                          "preemptible": True, "resources": {"cpus": 3}}, format="json").json()["id"]
+    _wait(lambda: Run.objects.get(pk=low_id).iterations_done >= 1, timeout_s=300, what="a first iteration",
+          stack=worker)
+    high = as_alice.post("/api/runs/", {"team": "ants", "name": "high", "config": TINY_CONFIG, "priority": "high",
+                                        "resources": {"cpus": 3}}, format="json").json()
+    waiting = Run.objects.get(pk=high["id"])
+    assert waiting.queue["reason"] == "capacity", waiting.queue  # 1 CPU free: first in line while the low one stops
+    assert Run.objects.get(pk=low_id).preempt_requested
+    _wait(lambda: _recorded(low_id) and _recorded(high["id"]), timeout_s=600, what="both runs to finish",
+          stack=worker)
+
+    low, top = Run.objects.get(pk=low_id), Run.objects.get(pk=high["id"])
+    assert low.status == "succeeded" and top.status == "succeeded", (low.error, top.error)
+    assert low.preemptions == 1 and low.iterations_done == 12
+    events = list(RunEvent.objects.filter(run=low).order_by("seq"))
+    statuses = [e.data["status"] for e in events if e.type == "run.status"]
+    assert statuses == ["queued", "starting", "running", "paused", "queued", "starting", "running", "succeeded"]
+    paused_at = next(e for e in events if e.type == "run.status" and e.data["status"] == "paused")
+    stopped = int(paused_at.data["message"].split("before iteration ")[1].split(";")[0])
+    assert any(e.type == "log" and f"at iteration {stopped}" in e.data.get("message", "") for e in events)
+    # Each iteration trained once: the resume continued from the checkpoint, it did not start over.
+    trained = [e.data["iteration"] for e in events if e.type == "metrics" and "rollout/win_rate" in e.data["values"]]
+    assert trained == list(range(12))
+    # The high run started only once the low one had given its room back.
+    assert top.started_at > paused_at.ts
+    allocations = list(low.allocations.order_by("started_at").values_list("end", "preempted_for"))
+    assert allocations == [("preempted", top.pk), ("succeeded", None)]

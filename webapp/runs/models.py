@@ -50,6 +50,14 @@ class Run(models.Model):
     last_seq = models.PositiveIntegerField(default=0, help_text="highest event seq stored")
     iterations_done = models.PositiveIntegerField(default=0)
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
+    # Scheduling (webapp.scheduling): what the submitter declared, and what the admission pass last decided.
+    preemptible = models.BooleanField(default=False, help_text="may be checkpointed and requeued for a higher class")
+    expected_duration_s = models.FloatField(null=True, blank=True,
+                                            help_text="the submitter's estimate; lets the run backfill (null: unknown)")
+    preempt_requested = models.BooleanField(default=False, help_text="the scheduler asked it to checkpoint and requeue")
+    preemptions = models.PositiveIntegerField(default=0, help_text="times it was checkpointed and requeued")
+    queue = models.JSONField(default=dict, blank=True,
+                             help_text="while queued: position, reason, message, estimated_start (last admission pass)")
 
     class Meta:
         ordering = ["-created_at", "-id"]

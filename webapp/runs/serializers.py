@@ -16,6 +16,8 @@ from webapp.runs.models import Checkpoint, Game, Run
 from webapp.scheduling.gang import SHAPES, resources_errors
 
 # Fields of the core config the service owns: where a run writes is not the user's choice.
+MAX_EXPECTED_S = 30 * 24 * 3600
+"""A month: a longer estimate is a typo, and would make the run look like it never ends."""
 SERVICE_OWNED = {"output_dir": "set by the service (each run writes into its own folder)"}
 
 
@@ -27,9 +29,17 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = ["id", "name", "team", "team_name", "owner", "status", "priority", "config", "config_version",
-                  "resources", "created_at", "started_at", "finished_at", "iterations_done", "total_iterations",
-                  "cancel_requested", "summary", "error", "last_seq", "cloned_from"]
+                  "resources", "preemptible", "expected_duration_s", "created_at", "started_at", "finished_at",
+                  "iterations_done", "total_iterations", "cancel_requested", "summary", "error", "last_seq",
+                  "cloned_from", "queue", "preemptions", "preempt_requested"]
         read_only_fields = fields
+
+    def to_representation(self, run: Run) -> dict[str, Any]:
+        data = super().to_representation(run)
+        # The scheduler's last word matters only while the run waits; afterwards it would be stale.
+        if run.status != Run.Status.QUEUED:
+            data["queue"] = None
+        return data
 
     def get_total_iterations(self, run: Run) -> int | None:
         value = run.config.get("iterations") if isinstance(run.config, dict) else None
@@ -92,6 +102,10 @@ class RunCreateSerializer(serializers.Serializer):
     config = serializers.JSONField(required=False, help_text="the core run config (see README's config reference)")
     priority = serializers.JSONField(required=False, help_text="low | normal | high | urgent (team admins)")
     resources = serializers.JSONField(required=False, help_text=f"the run's gang of bundles: {SHAPES}")
+    preemptible = serializers.JSONField(required=False, help_text="true: a higher-priority run may checkpoint it "
+                                        "and requeue it (it resumes from the checkpoint); default false")
+    expected_duration_s = serializers.JSONField(required=False, help_text="your estimate of its run time in "
+                                                f"seconds (1..{MAX_EXPECTED_S}); lets it backfill; default null")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         user = self.context["request"].user
@@ -123,11 +137,21 @@ class RunCreateSerializer(serializers.Serializer):
         else:
             errors += service_config_errors(attrs["config"])
         errors += config_field_errors(resources_errors(attrs.get("resources")), prefix="")
+        preemptible = attrs.get("preemptible", False)
+        if not isinstance(preemptible, bool):
+            errors.append({"field": "preemptible", "message": f"got {str(preemptible)[:40]!r}",
+                           "allowed": "true or false"})
+        expected = attrs.get("expected_duration_s")
+        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, (int, float))
+                                     or not 1 <= expected <= MAX_EXPECTED_S):
+            errors.append({"field": "expected_duration_s", "message": f"got {str(expected)[:40]!r}",
+                           "allowed": f"seconds from 1 to {MAX_EXPECTED_S}, or null (unknown)"})
         if errors:
             self.field_errors = errors
             raise serializers.ValidationError({e["field"]: [e["message"]] for e in errors})
         config = attrs["config"]
         return {"team": team, "config": config, "priority": priority, "resources": attrs.get("resources") or {},
+                "preemptible": preemptible, "expected_duration_s": None if expected is None else float(expected),
                 "name": (name or "").strip() or str(config.get("name") or "run")[:100]}
 
 

@@ -10,12 +10,12 @@ from django.utils import timezone
 
 from earl_core.checkpoints import complete_checkpoints
 from earl_core.config import RunConfig
-from earl_core.errors import ConfigError
 from webapp.accounts.models import Membership, Team
 from webapp.cluster.ray_view import ray_nodes
-from webapp.queue import enqueue_run
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Checkpoint, Game, Run, RunEvent
+from webapp.scheduling.admission import close_allocation, request_admission
+from webapp.scheduling.gang import sizing_config
 from webapp.scheduling.submission import check_submission, cluster_nodes
 
 
@@ -40,7 +40,7 @@ def core_config(run: Run) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
-def _store_status_event(run: Run, status: str, message: str) -> dict[str, Any]:
+def store_status_event(run: Run, status: str, message: str) -> dict[str, Any]:
     """Append a run.status event written by the web side (only while no worker owns the run's stream)."""
     seq = (run.events.aggregate(m=Max("seq"))["m"] or 0) + 1
     event = RunEvent.objects.create(run=run, seq=seq, type="run.status", data={"status": status, "message": message},
@@ -51,8 +51,9 @@ def _store_status_event(run: Run, status: str, message: str) -> dict[str, Any]:
 
 
 def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], priority: str = Run.Priority.NORMAL,
-               resources: dict[str, Any] | None = None, cloned_from: Run | None = None) -> Run:
-    """Store a validated run as queued and hand it to the queue once the transaction commits.
+               resources: dict[str, Any] | None = None, cloned_from: Run | None = None, preemptible: bool = False,
+               expected_duration_s: float | None = None) -> Run:
+    """Store a validated run as queued and run an admission pass once the transaction commits.
 
     A run that could never start on the cluster, or that its team's quota does not allow, is refused with a
     SchedulingError naming the request field (the API answers 400) and nothing is stored.
@@ -62,29 +63,17 @@ def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], prio
     with transaction.atomic():
         # The team's row lock makes a team's submissions take turns, so max_queued holds under concurrent submits.
         Team.objects.select_for_update().filter(pk=team.pk).first()
-        check_submission(team, resources=resources or {}, config=_sizing_config(config), nodes=nodes)
+        check_submission(team, resources=resources or {}, config=sizing_config(config), nodes=nodes)
         run = Run.objects.create(team=team, owner=user, name=name, config=config, priority=priority,
-                                 resources=resources or {}, cloned_from=cloned_from)
-        envelope = _store_status_event(run, Run.Status.QUEUED, "waiting for a worker")
-        # The worker must find the committed row; and nothing is queued for a rolled-back one.
-        # robust: a broker or Redis hiccup is logged, never a 500 for a run that is already stored (a queued run
-        # with no task is picked up again by the sweeper of the reliability issue).
-        transaction.on_commit(lambda: enqueue_run(run.pk), robust=True)
+                                 resources=resources or {}, cloned_from=cloned_from, preemptible=preemptible,
+                                 expected_duration_s=expected_duration_s)
+        envelope = store_status_event(run, Run.Status.QUEUED, "waiting for admission")
+        # The admission pass must see the committed row; it queues the run for a worker when it may start (now,
+        # or at a later pass when a run ends). It logs rather than raises: the run is stored either way.
+        transaction.on_commit(lambda: request_admission(nodes), robust=True)
         transaction.on_commit(lambda: publish_events(run.pk, [envelope]), robust=True)
         transaction.on_commit(publish_cluster_change, robust=True)
     return run
-
-
-def _sizing_config(config: dict[str, Any]) -> RunConfig:
-    """The config the default gang is derived from; the core's defaults for a config that does not build.
-
-    The API never stores such a config, but a direct call may (a worker then fails the run with the config's own
-    error, which is more use to its owner than a refusal here).
-    """
-    try:
-        return RunConfig.from_dict(config)
-    except ConfigError:
-        return RunConfig()
 
 
 def request_cancel(run: Run) -> Run:
@@ -96,24 +85,28 @@ def request_cancel(run: Run) -> Run:
         if run.status == Run.Status.CANCELLING:
             return run
         if run.status == Run.Status.QUEUED:
+            close_allocation(run, "cancelled")  # admitted but not yet claimed: its room goes back now
             run.status = Run.Status.CANCELLED
             run.finished_at = timezone.now()
             run.cancel_requested = True
             run.save(update_fields=["status", "finished_at", "cancel_requested"])
-            envelope = _store_status_event(run, Run.Status.CANCELLED, "cancelled before it started")
+            envelope = store_status_event(run, Run.Status.CANCELLED, "cancelled before it started")
             transaction.on_commit(lambda: publish_events(run.pk, [envelope]), robust=True)
         else:
             run.status = Run.Status.CANCELLING
             run.cancel_requested = True
             run.save(update_fields=["status", "cancel_requested"])
         transaction.on_commit(publish_cluster_change, robust=True)
+        if run.status == Run.Status.CANCELLED:
+            transaction.on_commit(request_admission, robust=True)  # its place or its room may start another
     return run
 
 
 def clone_run(run: Run, *, user: Any, name: str | None = None) -> Run:
     """A new queued run with the same team, config and priority."""
     return submit_run(user=user, team=run.team, name=name or f"{run.name} (clone)"[:100], config=run.config,
-                      priority=run.priority, resources=run.resources, cloned_from=run)
+                      priority=run.priority, resources=run.resources, cloned_from=run, preemptible=run.preemptible,
+                      expected_duration_s=run.expected_duration_s)
 
 
 # ---- what a worker reports ----------------------------------------------------------------------------
@@ -185,6 +178,21 @@ def _store_games(run: Run, envelopes: list[dict[str, Any]]) -> None:
             game.opponent, game.agent_side, game.result = d["opponent"], d["agent_side"], d["result"]
             game.reward, game.moves = d["reward"], d["moves"]
             game.save(update_fields=["opponent", "agent_side", "result", "reward", "moves"])
+
+
+def requeue_preempted(run: Run, iterations_done: int) -> dict[str, Any]:
+    """A run that paused for a preemption goes back to the queue with its progress (inside the caller's
+    transaction, the row locked); returns the stored queued event. It resumes from its checkpoint when admitted."""
+    allocation = close_allocation(run, "preempted")
+    run.status = Run.Status.QUEUED
+    run.iterations_done = iterations_done
+    run.preempt_requested = False
+    run.preemptions += 1
+    run.save(update_fields=["status", "iterations_done", "preempt_requested", "preemptions"])
+    made_room = allocation.preempted_for if allocation is not None else None
+    why = f" for run {made_room}" if made_room else ""
+    return store_status_event(run, Run.Status.QUEUED, f"preempted{why} after {iterations_done} iterations; it "
+                                                      "resumes from its checkpoint when admitted again")
 
 
 def sync_checkpoints(run: Run) -> list[Checkpoint]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from earl_core.config import RunConfig
+from earl_core.errors import ConfigError
 from webapp.scheduling.resources import GIB, Resources, SchedulingError
 
 BUNDLE_KEYS = ("cpus", "gpus", "memory_gib")
@@ -40,6 +41,18 @@ def requested_gang(value: Mapping[str, Any], config: RunConfig) -> tuple[Resourc
     rollout = [Resources(cpus=1, gpus=0)] * config.rollout.workers
     trainer = [Resources(cpus=config.trainer_cpus, gpus=0)] * config.trainer_workers
     return (*rollout, *trainer)
+
+
+def sizing_config(config: Any) -> RunConfig:
+    """The config the default gang is derived from; the core's defaults for a config that does not build.
+
+    The API never stores such a config, but a direct call may (a worker then fails the run with the config's own
+    error, which is more use to its owner than a refusal here).
+    """
+    try:
+        return RunConfig.from_dict(config)
+    except (ConfigError, TypeError, AttributeError):
+        return RunConfig()
 
 
 def is_single_bundle(value: Mapping[str, Any]) -> bool:

@@ -32,7 +32,8 @@ def cluster_nodes(view: Mapping[str, Any]) -> tuple[Node, ...] | None:
                               memory_bytes=int(row.get("memory_bytes") or 0))
         except (TypeError, ValueError):  # SchedulingError is a ValueError too
             return None
-        nodes.append(Node.idle(f"{i}:{row.get('node_id')}", total))
+        # Named by Ray's node id: allocations record these names, so they must not change while the node lives.
+        nodes.append(Node.idle(str(row.get("node_id") or f"node-{i}"), total))
     return tuple(nodes) or None
 
 

@@ -195,3 +195,24 @@ def _queue_full(request: RunRequest, quota: TeamQuota, queued_count: int) -> Ref
     return Refusal(code="queue_full", field="queued", limit=quota.max_queued,
                    message=f"team {request.team!r} already has {queued_count} queued runs; at most "
                            f"{quota.max_queued} may wait at once")
+
+
+def expected_end(*, started_at: float, now: float, iterations_done: int, iterations_at_start: int,
+                 total_iterations: int | None, expected_duration_s: float | None) -> float | None:
+    """When a running run is expected to end: its measured pace once it has one, else the submitter's estimate.
+
+    Pace counts only iterations done since this admission (a resumed run's earlier ones ran on another
+    allocation). The estimate is scaled to the part of the run still to do when it resumed. None when neither is
+    known; a run whose estimate has passed is taken to end now.
+    """
+    total = total_iterations or 0
+    done_here = iterations_done - iterations_at_start
+    if done_here > 0 and total > iterations_done and now > started_at:
+        per_iteration = (now - started_at) / done_here
+        return now + per_iteration * (total - iterations_done)
+    if done_here > 0 and total and iterations_done >= total:
+        return now  # the last iteration is done; it is writing its final checkpoint
+    if expected_duration_s is None:
+        return None
+    left = 1.0 if not total else max(0.0, 1.0 - iterations_at_start / total)
+    return max(now, started_at + expected_duration_s * left)
