@@ -327,7 +327,8 @@ def backfill_scene(now: float = 10) -> Plan:
         queued(2, "robotics", gpus(2), at=2, duration=500),  # fits now, but would hold n1's GPUs past t=100
         queued(3, "robotics", gpus(2), at=3, duration=50),  # fits now and ends by t=60: backfilled
         queued(4, "speech", cpus(8), at=4, duration=1000),  # long, but uses CPUs the head leaves over
-        queued(5, "speech", cpus(1), at=5),  # fits, but its duration is unknown
+        queued(5, "speech", cpus(1), at=5),  # unknown duration, but fits in what the head leaves over
+        queued(6, "speech", gpus(1), at=2.5),  # unknown duration: fits now, but the head leaves no GPU over
     ]
     return plan(state(TWO_BOXES, queue=queue, runs=runs), now=now)
 
@@ -335,20 +336,20 @@ def backfill_scene(now: float = 10) -> Plan:
 def test_a_backfill_that_ends_before_the_reservation_starts_one_that_would_delay_the_head_does_not() -> None:
     decision = backfill_scene()
     assert decision.reservation == Reservation(run_id=1, start=100)
-    assert [(a.run_id, a.backfilled) for a in decision.admit] == [(3, True), (4, True)]
+    assert [(a.run_id, a.backfilled) for a in decision.admit] == [(3, True), (4, True), (5, True)]
     assert decision.admit[0].placement == ("n1",)
     assert {run_id: (w.position, w.reason) for run_id, w in decision.waiting.items()} == {
-        1: (1, "capacity"), 2: (2, "reservation"), 5: (3, "reservation")}
+        1: (1, "capacity"), 2: (2, "reservation"), 6: (3, "reservation")}
     assert "first in line" in decision.waiting[1].message and "90 s" in decision.waiting[1].message
     assert "run 1" in decision.waiting[2].message
-    assert "duration is unknown" in decision.waiting[5].message
+    assert "duration is unknown" in decision.waiting[6].message and "leaves over" in decision.waiting[6].message
 
 
 def test_estimated_starts_replay_the_policy() -> None:
     waiting = backfill_scene().waiting
-    # The head starts when run 10 ends; run 2 needs the GPUs the head and run 11 give back at t=300, and run 5,
+    # The head starts when run 10 ends; run 2 needs the GPUs the head and run 11 give back at t=300, and run 6,
     # no longer behind a reservation then, starts with it.
-    assert {run_id: w.estimated_start for run_id, w in waiting.items()} == {1: 100, 2: 300, 5: 300}
+    assert {run_id: w.estimated_start for run_id, w in waiting.items()} == {1: 100, 2: 300, 6: 300}
 
 
 @pytest.mark.parametrize(("duration", "starts"), [(90, True), (91, False)])
@@ -393,19 +394,20 @@ def test_every_waiting_reason_with_positions_and_estimates() -> None:
     totals = {"n1": box(gpus=4, cpus=8), "n2": box(gpus=0, cpus=4)}
     runs = [running(10, "robotics", gpus(4), on="n1", ends=100)]
     queue = [
-        queued(1, "speech", gpus(4), at=1, priority="high", duration=50),  # capacity: first in line
+        queued(1, "speech", gpus(4, cpus=8), at=1, priority="high", duration=50),  # capacity: first in line
         queued(2, "speech", gpus(2), at=5, priority="high", duration=30),  # capacity: same class as the head
         queued(3, "vision", gpus(2), at=2, duration=10),  # priority: a higher class waits ahead
         queued(4, "robotics", gpus(1), at=3, duration=10),  # quota: robotics holds all 4 of its GPUs
-        queued(5, "vision", cpus(1), at=4),  # reservation: n2 has room, but its duration is unknown
+        queued(5, "vision", cpus(6), at=4),  # reservation: n1 has room now, but its length is unknown and the head
+        # leaves only n2's 4 CPUs over
     ]
     decision = plan(state(totals, queue=queue, runs=runs, quotas={"robotics": TeamQuota(max_gpus=4)}), now=0)
     assert admitted(decision) == [] and decision.preempt == ()  # run 10 is not preemptible
     summary = {run_id: (w.position, w.reason, w.estimated_start) for run_id, w in decision.waiting.items()}
-    # t=100: run 10 ends, the head starts; t=150: it ends, runs 2 and 3 start; t=160: run 3 ends, run 4 starts,
-    # and run 5, behind no reservation any more, with it.
+    # t=100: run 10 ends, the head starts; t=150: it ends, runs 2 and 3 start and run 5, behind no reservation any
+    # more, with them; t=160: run 3 ends, run 4 starts.
     assert summary == {1: (1, "capacity", 100), 2: (2, "capacity", 150), 3: (3, "priority", 150),
-                       4: (4, "quota", 160), 5: (5, "reservation", 160)}
+                       4: (4, "quota", 160), 5: (5, "reservation", 150)}
     assert "high" in decision.waiting[3].message
 
 

@@ -89,10 +89,10 @@ def plan(state: SchedulerState, now: float) -> Plan:
     its own team only), then room. Until a run is blocked by capacity, runs start whenever their gang fits. The first
     such run becomes the head: it is reserved the time at which running runs, released in order of expected end,
     leave room for it (the shadow time). Later runs start only if that cannot delay the head: they are expected to
-    end by the shadow time, or they fit in what the head leaves over at that time; runs of unknown duration never
-    start behind a head. A high or urgent head that does not fit may instead stop preemptible runs of lower classes
-    (``choose_victims``) and starts once they have stopped. Every run left waiting gets its place, reason and
-    expected start (``_forecast``).
+    end by the shadow time, or they fit in what the head leaves over at that time (the only way for a run of
+    unknown duration to start behind a head). A high or urgent head that does not fit may instead stop preemptible
+    runs of lower classes (``choose_victims``) and starts once they have stopped. Every run left waiting gets its
+    place, reason and expected start (``_forecast``).
     """
     decision = _Pass(state, now, free={n.name: n.free for n in state.nodes})
     decision.walk()
@@ -193,15 +193,12 @@ class _Pass:
     def _backfill(self, run: RunRequest) -> None:
         head = self.head
         assert head is not None
-        if run.expected_duration_s is None:
-            self._wait(run, "reservation", f"its duration is unknown, so starting it could delay run {head.run_id}, "
-                                           "first in line for room")
-            return
         if self.shadow is None:
             self._wait(run, "reservation", f"run {head.run_id} is first in line for room and when it can start is "
                                            "unknown, so nothing may start ahead of it")
             return
-        ends_in_time = self.now + run.expected_duration_s <= self.shadow
+        known = run.expected_duration_s is not None
+        ends_in_time = known and self.now + run.expected_duration_s <= self.shadow
         if not ends_in_time and run.team == head.team:
             # The head's own quota is held for it too, or a teammate backfilled now could quota-block it later.
             quota = self.state.quotas.get(run.team, UNLIMITED)
@@ -212,11 +209,17 @@ class _Pass:
         if ends_in_time:
             placement = place(run.bundles, self.free)
         else:
+            # A run still going at the shadow time (or one of unknown length) may use only what the head leaves.
             placement = place(run.bundles, {node: left.capped_by(self.leftover[node])
                                             for node, left in self.free.items()})
         if placement is None:
-            self._wait(run, "reservation", f"it would still run at {self.shadow - self.now:g} s from now and hold "
-                                           f"resources run {head.run_id} (first in line for room) needs then")
+            if not known:
+                self._wait(run, "reservation", f"its duration is unknown, so it may use only what run {head.run_id} "
+                                               "(first in line for room) leaves over when it starts, and that is "
+                                               "not enough")
+            else:
+                self._wait(run, "reservation", f"it would still run at {self.shadow - self.now:g} s from now and "
+                                               f"hold resources run {head.run_id} (first in line for room) needs then")
             return
         if not ends_in_time:
             self.leftover = occupy(self.leftover, run.bundles, placement)
