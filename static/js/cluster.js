@@ -1,5 +1,8 @@
-// Cluster page: every /ws/cluster/ frame is a full snapshot (nodes, running runs, the queue); redraw it whole.
+// Cluster page: every /ws/cluster/ frame is a full snapshot (nodes, what admitted runs hold, the queue, team usage);
+// redraw it whole.
+/* global Plotly */
 import { el, formatBytes, statusBadge, toLogin } from "./api.js";
+import { PLOT_CONFIG, plotLayout } from "./charts.js";
 import { ClusterSocket } from "./live.js";
 
 const $ = (id) => document.getElementById(id);
@@ -41,11 +44,41 @@ function render(snap) {
     ? `${nodes.length} node(s) · ${total("cpus")} CPUs · ${total("gpus")} GPUs · ${formatBytes(total("memory_bytes"))}`
     : "";
   fill($("cluster-running"), (snap.running || []).map((r) => el("tr", {},
-    runCell(r), el("td", {}, r.team), el("td", {}, statusBadge(r.status)), el("td", {}, r.priority),
-    el("td", {}, resourcesText(r.resources)))), "Nothing running.");
+    runCell(r), el("td", {}, r.team),
+    el("td", {}, statusBadge(r.status), r.stopping_for_preemption ? " stopping (preempted)" : ""),
+    el("td", {}, r.priority + (r.preemptible ? " (preemptible)" : "") + (r.backfilled ? " · backfilled" : "")),
+    el("td", {}, `${r.gpus} GPU · ${r.cpus} CPU`), el("td", { title: (r.nodes || []).join(", ") },
+      (r.nodes || []).map((n) => n.slice(0, 8)).join(", ")), el("td", {}, timeText(r.since)))), "Nothing running.");
   fill($("cluster-queue"), (snap.queue || []).map((r) => el("tr", { dataset: { position: String(r.position) } },
     el("td", {}, String(r.position)), runCell(r), el("td", {}, r.team), el("td", {}, r.priority),
-    el("td", {}, resourcesText(r.resources)))), "The queue is empty.");
+    el("td", {}, resourcesText(r.resources)), el("td", { title: r.message || "" }, r.reason || "not yet seen"),
+    el("td", {}, r.estimated_start ? timeText(r.estimated_start) : "—"))), "The queue is empty.");
+  drawUsage(snap.usage);
+}
+
+function timeText(iso) {
+  if (!iso) return "";
+  const at = new Date(iso);
+  return at.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+}
+
+function drawUsage(usage) {
+  const div = $("usage-chart");
+  if (!usage || typeof Plotly === "undefined") return;
+  const teams = Object.entries(usage.teams || {});
+  // GPUs when any team held one over the window; a CPU-only cluster charts CPUs.
+  const key = teams.some(([, s]) => s.gpus.some((v) => v > 0)) ? "gpus" : "cpus";
+  const traces = teams.map(([team, series]) => ({
+    x: usage.times, y: series[key], name: team, type: "scatter", mode: "lines", stackgroup: "teams",
+  }));
+  $("usage-window").textContent = `mean ${key === "gpus" ? "GPUs" : "CPUs"} held, last ${Math.round(usage.window_s / 3600)} h`;
+  div.dataset.teams = String(teams.length);
+  Plotly.react(div, traces, { ...plotLayout({ xTitle: "", yTitle: key === "gpus" ? "GPUs" : "CPUs" }) }, PLOT_CONFIG);
+  const share = usage.fair_share_hours;
+  $("fair-share").textContent = share && Object.keys(share).length
+    ? "Fair-share usage over the window (cluster-share hours; less goes first among equal priorities): "
+      + Object.entries(share).map(([team, hours]) => `${team} ${hours.toFixed(2)}`).join(" · ")
+    : "";
 }
 
 const socket = new ClusterSocket({

@@ -35,6 +35,41 @@ function setStatus(next, message) {
   cancelButton.disabled = FINISHED.has(next) || next === "cancelling";
   if (message !== undefined) $("status-message").textContent = message;
   if (changed) refreshCheckpoints();
+  if (next !== "queued") showQueue(null);
+}
+
+// ---- the queue: where a waiting run stands and why (the last admission pass's word) ------------------
+
+const REASONS = {
+  quota: "its team is at its quota", capacity: "waiting for room on the cluster",
+  priority: "a higher-priority run waits ahead", reservation: "held back so the first run in line is not delayed",
+  admitted: "admitted", invalid: "cannot be scheduled",
+};
+
+function whenText(iso) {
+  const at = new Date(iso);
+  const minutes = Math.round((at - Date.now()) / 60000);
+  const clock = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return minutes <= 0 ? `expected to start now (${clock})` : `expected to start in ~${minutes} min (${clock})`;
+}
+
+function showQueue(queue) {
+  const box = $("queue-info");
+  if (status !== "queued" || !queue || !queue.reason) {
+    box.hidden = true;
+    return;
+  }
+  const parts = [];
+  if (queue.reason === "admitted") parts.push(queue.message || "admitted; waiting for a worker to start it");
+  else {
+    parts.push(`Queue position ${queue.position} · ${REASONS[queue.reason] || queue.reason}`);
+    if (queue.message) parts.push(queue.message);
+    parts.push(queue.estimated_start ? whenText(queue.estimated_start)
+      : "no start estimate yet (the runs it waits for have no expected end)");
+  }
+  box.textContent = parts.join(" — ");
+  box.dataset.reason = queue.reason;
+  box.hidden = false;
 }
 
 // ---- applying events --------------------------------------------------------------------------------
@@ -153,8 +188,12 @@ async function refreshRun() {
     const fresh = await getJSON(`/api/runs/${run.id}/`);
     cancelRequested = fresh.cancel_requested;
     setStatus(fresh.status);
+    showQueue(fresh.queue);
   } catch { /* the socket is the main channel; a failed refresh changes nothing */ }
 }
+// A waiting run's place changes when other runs start or end, which its own events do not tell: ask while queued.
+const QUEUE_REFRESH_MS = 10000;
+setInterval(() => { if (status === "queued" && !document.hidden) refreshRun(); }, QUEUE_REFRESH_MS);
 
 let lastCheckpointFetch = 0;
 async function refreshCheckpoints() {
@@ -207,4 +246,5 @@ window.earlRunPage = {
   socket,
 };
 refreshCheckpoints();
+showQueue(run.queue);
 socket.start();

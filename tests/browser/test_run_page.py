@@ -69,3 +69,9 @@ def test_launch_watch_and_compare_in_the_browser(page: Any, alice: Any) -> None:
     page.goto(f"/compare/?runs={run_id},{clone_id}")
     page.wait_for_selector("table")
     assert "browser run" in page.content()
+
+    # The cluster page charts the team's usage: the finished run held its gang for a while in the window.
+    page.goto("/cluster/")
+    page.wait_for_function("() => Number(document.querySelector('#usage-chart').dataset.teams) >= 1",
+                           timeout=30_000)
+    assert page.locator("#usage-chart .main-svg").count() >= 1  # Plotly drew it

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from tests.webapp.conftest import TINY_CONFIG, client_for
 from webapp.accounts.models import Team
@@ -230,3 +231,22 @@ def test_concurrent_passes_never_admit_twice_nor_over_commit(ants: Team, bees: T
     assert all(used <= 6 for used in per_node.values()), per_node
     assert per_team.get(ants.pk, 0) <= 5
     assert sum(per_node.values()) >= 10  # it did admit: the room is mostly used
+
+
+def test_the_cluster_view_shows_holdings_the_queue_with_reasons_and_team_usage(
+        ants: Team, bees: Team, alice: Any, charlie: Any, settings: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    settings.RAY_DASHBOARD_URL = ""
+    mine = queue(ants, alice, cpus=3)
+    theirs = queue(bees, charlie, cpus=3, age_s=5)
+    Quota.objects.create(team=ants, max_cpus=3)
+    also_mine = queue(ants, alice, cpus=1, age_s=9)
+    run_pass(django_capture_on_commit_callbacks, at=timezone.now() - timedelta(minutes=5))  # in the usage window
+    snap = client_for(alice).get("/api/cluster/").json()
+    assert [(r["id"], r["status"], r["cpus"], r["nodes"]) for r in snap["running"]] == [(mine.pk, "admitted", 3, ["n0"])]
+    rows = {r["position"]: r for r in snap["queue"]}
+    assert rows[1]["id"] is None and rows[1]["team"] == "Bees" and rows[1]["reason"] == "capacity"
+    assert rows[1]["message"] is None  # another team's reason text stays with that team
+    assert rows[2]["id"] == also_mine.pk and rows[2]["reason"] == "quota" and "at most 3 CPUs" in rows[2]["message"]
+    assert set(snap["usage"]["teams"]) == {"Ants"} and len(snap["usage"]["times"]) == 48
+    assert theirs.pk not in [r["id"] for r in snap["running"]]

@@ -103,5 +103,7 @@ async def test_cluster_socket_needs_auth_and_sends_a_snapshot(alice_run: int, al
     assert (await comm.connect(timeout=5))[0]
     frame = json.loads(await comm.receive_from(timeout=5))
     assert frame["type"] == "cluster.snapshot"
-    assert [r["id"] for r in frame["data"]["queue"]] == [alice_run]
+    # Submitted with no cluster view, the run was admitted at once; it holds its gang until a worker starts it.
+    assert [(r["id"], r["status"]) for r in frame["data"]["running"]] == [(alice_run, "admitted")]
+    assert frame["data"]["queue"] == [] and "usage" in frame["data"]
     await comm.disconnect()

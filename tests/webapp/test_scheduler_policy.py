@@ -650,3 +650,39 @@ def test_with_exact_durations_the_head_starts_by_its_reservation_and_estimates_c
     _, first = outcome.passes[0]
     assert {run_id: w.estimated_start for run_id, w in first.waiting.items()} == {
         run_id: at for run_id, at in outcome.started.items() if run_id in first.waiting}
+
+
+# ---- expected ends of running runs --------------------------------------------------------------------------
+
+def test_expected_end_follows_the_measured_pace_then_the_estimate() -> None:
+    from webapp.scheduling.workload import expected_end
+
+    # 2 of 10 iterations in 100 s: 8 more at 50 s each.
+    assert expected_end(started_at=0, now=100, iterations_done=2, iterations_at_start=0, total_iterations=10,
+                        expected_duration_s=None) == 500
+    # A resumed run: only iterations done on this allocation set the pace (3 -> 5 in 60 s).
+    assert expected_end(started_at=1000, now=1060, iterations_done=5, iterations_at_start=3, total_iterations=10,
+                        expected_duration_s=None) == 1060 + 30 * 5
+    # No pace yet: the estimate, scaled to what is left of a resumed run; a passed estimate means now.
+    assert expected_end(started_at=0, now=10, iterations_done=0, iterations_at_start=0, total_iterations=10,
+                        expected_duration_s=400) == 400
+    assert expected_end(started_at=0, now=10, iterations_done=5, iterations_at_start=5, total_iterations=10,
+                        expected_duration_s=400) == 200
+    assert expected_end(started_at=0, now=900, iterations_done=0, iterations_at_start=0, total_iterations=10,
+                        expected_duration_s=400) == 900
+    # Nothing known: no end; the last iteration done: it is finishing now.
+    assert expected_end(started_at=0, now=10, iterations_done=0, iterations_at_start=0, total_iterations=10,
+                        expected_duration_s=None) is None
+    assert expected_end(started_at=0, now=70, iterations_done=10, iterations_at_start=0, total_iterations=10,
+                        expected_duration_s=None) == 70
+
+
+def test_held_series_is_the_mean_held_per_slice() -> None:
+    from webapp.scheduling.usage import Held, held_series
+
+    series = held_series([Held("ants", start=0, end=150, gpus=4, cpus=8), Held("bees", start=50, end=None, gpus=2,
+                                                                             cpus=1)], since=0, until=200, buckets=2)
+    assert series["ants"] == {"gpus": [4.0, 2.0], "cpus": [8.0, 4.0]}  # half of the second slice
+    assert series["bees"] == {"gpus": [1.0, 2.0], "cpus": [0.5, 1.0]}  # still running: held until `until`
+    # The area is the GPU-seconds: 4 x 150 over slices of 100 s.
+    assert sum(series["ants"]["gpus"]) * 100 == 600

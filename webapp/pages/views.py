@@ -61,7 +61,8 @@ def run_page(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run, "plotly_url": plotly_url(),
         "config_json": json.dumps(run.config, indent=2),
         "page_data": {"id": run.pk, "status": run.status, "last_seq": run.last_seq,
-                      "cancel_requested": run.cancel_requested, "finished": list(Run.FINISHED)},
+                      "cancel_requested": run.cancel_requested, "finished": list(Run.FINISHED),
+                      "queue": run.queue if run.status == Run.Status.QUEUED else None},
     })
 
 
@@ -87,4 +88,4 @@ def compare_page(request: HttpRequest) -> HttpResponse:
 @require_safe
 @login_required
 def cluster_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "cluster.html")
+    return render(request, "cluster.html", {"plotly_url": plotly_url()})
