@@ -151,7 +151,7 @@ def greedy(jobs: list[Job]) -> tuple[float, float | None]:
 class Simulation:
     """The service's scheduler on a simulated clock: submit, admit, run, pause, finish."""
 
-    def __init__(self, jobs: list[Job]) -> None:
+    def __init__(self, jobs: list[Job], *, quota_gpus: int = QUOTA_GPUS) -> None:
         from django.contrib.auth import get_user_model
 
         from webapp.accounts.models import Membership, Team
@@ -159,13 +159,14 @@ class Simulation:
         from webapp.scheduling.resources import Node, Resources
 
         self.jobs = jobs
+        self.quota_gpus = quota_gpus
         self.by_run: dict[int, Job] = {}
         self.teams = {}
         for slug in TEAMS:
             team = Team.objects.create(name=slug.title(), slug=slug)
             user = get_user_model().objects.create_user(f"{slug}-lead", password="bench-password-123")
             Membership.objects.create(user=user, team=team, role="admin")
-            Quota.objects.create(team=team, max_gpus=QUOTA_GPUS, max_queued=40)
+            Quota.objects.create(team=team, max_gpus=quota_gpus, max_queued=40)
             self.teams[slug] = (team, user)
         self.nodes = tuple(Node.idle(f"n{i}", Resources(cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE,
                                                          memory_bytes=256 * GIB)) for i in range(NODES))
@@ -305,8 +306,8 @@ class Simulation:
             if gpus > GPUS_PER_NODE:
                 self.violations.append(f"t={now:.0f}s node {node} holds {gpus} GPUs")
         for team, gpus in per_team.items():
-            if gpus > QUOTA_GPUS:
-                self.violations.append(f"t={now:.0f}s team {team} holds {gpus} GPUs (quota {QUOTA_GPUS})")
+            if gpus > self.quota_gpus:
+                self.violations.append(f"t={now:.0f}s team {team} holds {gpus} GPUs (quota {self.quota_gpus})")
         # The simulated worker claims admitted runs at once, so every queued run is one still waiting.
         queued = list(Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", "team__slug"))
         waiting = {team for _, team in queued}
@@ -367,7 +368,7 @@ def summarize(sim: Simulation, greedy_end: float, greedy_jain: float | None) -> 
     return {
         "cluster": {"nodes": NODES, "gpus": capacity, "gpus_per_node": GPUS_PER_NODE},
         "workload": {"teams": len(TEAMS), "runs": len(sim.jobs), "submitted": len(jobs), "refused": sim.refused,
-                     "useful_gpu_hours": useful / 3600, "quota_gpus_per_team": QUOTA_GPUS},
+                     "useful_gpu_hours": useful / 3600},
         "utilization": {"makespan_s": makespan, "utilization": useful / (capacity * makespan),
                         "greedy_makespan_s": greedy_end, "greedy_utilization": useful / (capacity * greedy_end),
                         "ratio_to_greedy": greedy_end / makespan, "target": 0.9,
@@ -409,7 +410,7 @@ def _setup(db_path: str) -> None:
     call_command("migrate", interactive=False, verbosity=0)
 
 
-def simulate(seed: int) -> dict[str, Any]:
+def simulate(seed: int, quota_gpus: int = QUOTA_GPUS) -> dict[str, Any]:
     """One workload (by seed) through the service's scheduler on a fresh database."""
     from django.core.management import call_command
 
@@ -417,10 +418,11 @@ def simulate(seed: int) -> dict[str, Any]:
     jobs = workload(seed)
     greedy_end, greedy_jain = greedy(jobs)
     began = time.perf_counter()
-    sim = Simulation(jobs)
+    sim = Simulation(jobs, quota_gpus=quota_gpus)
     sim.run()
     result = summarize(sim, greedy_end, greedy_jain)
     result["seed"] = seed
+    result["workload"]["quota_gpus_per_team"] = quota_gpus
     result["wall_s"] = time.perf_counter() - began
     return result
 
@@ -428,12 +430,13 @@ def simulate(seed: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3,4,5,6,7", help="workloads to run, comma-separated")
+    parser.add_argument("--quota-gpus", type=int, default=QUOTA_GPUS, help="each team's GPU quota")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scheduler_bench.json"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         _setup(str(Path(tmp) / "scheduler_bench.sqlite3"))
-        results = [simulate(seed) for seed in seeds]
+        results = [simulate(seed, args.quota_gpus) for seed in seeds]
     for r in results:
         u, f, w = r["utilization"], r["fairness"], r["waits_by_priority"]
         print(f"seed {r['seed']}: utilization {u['utilization']:.3f} vs greedy {u['greedy_utilization']:.3f} -> "
