@@ -250,3 +250,19 @@ def test_the_cluster_view_shows_holdings_the_queue_with_reasons_and_team_usage(
     assert rows[2]["id"] == also_mine.pk and rows[2]["reason"] == "quota" and "at most 3 CPUs" in rows[2]["message"]
     assert set(snap["usage"]["teams"]) == {"Ants"} and len(snap["usage"]["times"]) == 48
     assert theirs.pk not in [r["id"] for r in snap["running"]]
+
+
+def test_the_schedule_command_runs_a_pass(ants: Team, alice: Any, settings: Any,
+                                          django_capture_on_commit_callbacks: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    settings.RAY_DASHBOARD_URL = ""
+    waiting = queue(ants, alice, cpus=1)
+    out = StringIO()
+    with django_capture_on_commit_callbacks(execute=False):  # nothing is handed to a broker here
+        call_command("schedule", "--once", stdout=out)
+    assert f"admitted [{waiting.pk}]" in out.getvalue() and "cluster view unavailable" in out.getvalue()
+    with pytest.raises(CommandError, match="--every must be a positive number"):
+        call_command("schedule", "--every", "0")

@@ -1,0 +1,51 @@
+"""`manage.py schedule`: run an admission pass every few seconds (and once with --once).
+
+Passes already run on every submit, cancel and run end; this loop catches what no such event announces: a node that
+joined or left the cluster, a cluster view that could not be read at the last pass, a pass that failed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from webapp.scheduling.admission import admission_pass
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler's admission pass periodically (or once)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--every", type=float, default=15.0, help="seconds between passes (default 15)")
+        parser.add_argument("--once", action="store_true", help="one pass, then exit")
+
+    def handle(self, *args: Any, every: float, once: bool, **options: Any) -> None:
+        if not every > 0:
+            raise CommandError(f"--every must be a positive number of seconds, got {every:g}")
+        stopping = False
+
+        def stop(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        while not stopping:
+            try:
+                result = admission_pass()
+                if result.admitted or result.preempted or once:
+                    self.stdout.write(f"admitted {list(result.admitted)}, preempting {list(result.preempted)}, "
+                                      f"{result.waiting} waiting"
+                                      + ("" if result.capacity_known else " (cluster view unavailable)"))
+            except Exception as exc:  # a database or dashboard hiccup: say so and try again next time
+                if once:
+                    raise CommandError(f"admission pass failed: {type(exc).__name__}: {exc}") from exc
+                self.stderr.write(f"admission pass failed: {type(exc).__name__}: {exc}")
+            if once:
+                return
+            deadline = time.monotonic() + every
+            while not stopping and time.monotonic() < deadline:
+                time.sleep(0.2)
