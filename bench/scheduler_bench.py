@@ -14,8 +14,9 @@ Quotas: 12 GPUs and 40 queued runs per team.
 Reported, all from one invocation:
 - utilization: useful GPU-seconds / (16 GPUs x makespan), against an offline greedy packer on the same workload
   (knows every true length, no quotas, priorities or fairness; at each event it starts every queued run that fits,
-  in submission order) -> ratio = greedy makespan / our makespan (target >= 0.9); and how work-conserving it
-  was: GPU-seconds used / GPU-seconds that running plus waiting runs could have used (capacity permitting);
+  in submission order) -> ratio = greedy makespan / our makespan (target >= 0.9; none if a run never finished);
+  and how work-conserving it was: GPU-seconds used / GPU-seconds that running plus waiting runs could have used
+  at each moment, as far as the cluster's size permits (quotas and gang shapes not taken into account);
 - fairness: Jain's index of the teams' GPU-seconds over the time all three teams had runs waiting (target >= 0.9),
   and the same index for the greedy packer (which ignores fairness) to show what the measure tells apart;
 - queue waits (submit -> first start, and all time spent queued) p50/p95 per priority class;
@@ -117,6 +118,7 @@ def greedy(jobs: list[Job]) -> tuple[float, float | None]:
 
     bundle = Resources(cpus=BUNDLE["cpus"], gpus=1, memory_bytes=BUNDLE["memory_gib"] * GIB)
     free = {f"n{i}": Resources(cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE, memory_bytes=256 * GIB) for i in range(NODES)}
+    by_index = {job.index: job for job in jobs}
     events: list[tuple[float, int, int]] = [(job.submit_s, 1, job.index) for job in jobs]
     heapq.heapify(events)
     queued: list[int] = []
@@ -126,9 +128,9 @@ def greedy(jobs: list[Job]) -> tuple[float, float | None]:
     last = 0.0
     while events:
         now = events[0][0]
-        if {jobs[i].team for i in queued} >= set(TEAMS):
+        if {by_index[i].team for i in queued} >= set(TEAMS):
             for i in holding:
-                share[jobs[i].team] += jobs[i].shape.gpus * (now - last)
+                share[by_index[i].team] += by_index[i].shape.gpus * (now - last)
         while events and events[0][0] == now:
             _, kind, i = heapq.heappop(events)
             if kind == 0:
@@ -136,14 +138,14 @@ def greedy(jobs: list[Job]) -> tuple[float, float | None]:
             else:
                 queued.append(i)
         for i in list(queued):
-            gang = (bundle,) * jobs[i].shape.gpus
+            gang = (bundle,) * by_index[i].shape.gpus
             where = place(gang, free)
             if where is not None:
                 free = occupy(free, gang, where)
                 holding[i] = (gang, where)
                 queued.remove(i)
-                heapq.heappush(events, (now + jobs[i].shape.duration_s, 0, i))
-                end = max(end, now + jobs[i].shape.duration_s)
+                heapq.heappush(events, (now + by_index[i].shape.duration_s, 0, i))
+                end = max(end, now + by_index[i].shape.duration_s)
         last = now
     return end, (jain_index(list(share.values())) if any(share.values()) else None)
 
@@ -335,8 +337,9 @@ def summarize(sim: Simulation, greedy_end: float, greedy_jain: float | None) -> 
 
     jobs = [j for j in sim.jobs if j.run_id]
     capacity = NODES * GPUS_PER_NODE
-    useful = sum(j.shape.gpus * j.shape.duration_s for j in sim.jobs)
+    useful = sum(j.shape.gpus * j.shape.duration_s for j in jobs)  # refused submissions never ran anywhere
     makespan = max((j.end_s or 0.0) for j in jobs)
+    complete = all(j.end_s is not None for j in jobs)  # a makespan of unfinished work compares with nothing
     contended = {t: 0.0 for t in TEAMS}
     contended_s = 0.0
     used_s = possible_s = 0.0
@@ -371,7 +374,7 @@ def summarize(sim: Simulation, greedy_end: float, greedy_jain: float | None) -> 
                      "useful_gpu_hours": useful / 3600},
         "utilization": {"makespan_s": makespan, "utilization": useful / (capacity * makespan),
                         "greedy_makespan_s": greedy_end, "greedy_utilization": useful / (capacity * greedy_end),
-                        "ratio_to_greedy": greedy_end / makespan, "target": 0.9,
+                        "ratio_to_greedy": greedy_end / makespan if complete else None, "target": 0.9,
                         "work_conserving": used_s / possible_s},
         "fairness": {"contended_s": contended_s, "per_team": per_team,
                      "jain": jain_index([contended[t] for t in TEAMS]) if contended_s else None, "target": 0.9,
@@ -416,10 +419,11 @@ def simulate(seed: int, quota_gpus: int = QUOTA_GPUS) -> dict[str, Any]:
 
     call_command("flush", interactive=False, verbosity=0)
     jobs = workload(seed)
-    greedy_end, greedy_jain = greedy(jobs)
     began = time.perf_counter()
     sim = Simulation(jobs, quota_gpus=quota_gpus)
     sim.run()
+    # The greedy packer gets exactly the runs the service accepted (a quota below a run's size refuses it).
+    greedy_end, greedy_jain = greedy([j for j in jobs if j.run_id])
     result = summarize(sim, greedy_end, greedy_jain)
     result["seed"] = seed
     result["workload"]["quota_gpus_per_team"] = quota_gpus

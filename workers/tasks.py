@@ -15,7 +15,8 @@ from earl_core import events as ev
 from earl_core.loop import RunSummary, latest_checkpoint, train
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Run
-from webapp.runs.services import core_config, requeue_preempted, store_events, sync_checkpoints
+from webapp.runs.services import (core_config, requeue_preempted, store_events, store_status_event,
+                                  sync_checkpoints)
 from webapp.scheduling.admission import close_allocation, request_admission
 from webapp.scheduling.models import Allocation
 from workers.celery_app import app
@@ -44,7 +45,8 @@ class StopFlags:
         self._pause = False
 
     def _poll(self) -> None:
-        if not (self._cancel or self._pause) and time.monotonic() - self._checked >= self.poll_s:
+        # Once paused the core stops at its next safe point, but a cancel may still come first: keep reading.
+        if not self._cancel and time.monotonic() - self._checked >= self.poll_s:
             close_old_connections()
             flags = Run.objects.filter(pk=self.run_id).values_list("cancel_requested", "preempt_requested").first()
             self._cancel, self._pause = flags or (True, False)  # a deleted run stops
@@ -105,9 +107,15 @@ def _finish(run_id: int, summary: RunSummary | None, error: BaseException | None
     """
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
+        if summary is not None and summary.status == "paused" and run.cancel_requested:
+            # Cancelled while it paused for a preemption: it ends here, it does not go back to the queue.
+            summary = RunSummary("cancelled", summary.iterations_done, summary.last_checkpoint,
+                                 summary.final_metrics, summary.run_dir)
+            envelope = store_status_event(run, Run.Status.CANCELLED, "cancelled while it paused for a preemption")
+            transaction.on_commit(lambda e=envelope: publish_events(run_id, [e]), robust=True)
         if summary is not None and summary.status == "paused":
             envelope = requeue_preempted(run, summary.iterations_done)
-            transaction.on_commit(lambda: publish_events(run_id, [envelope]), robust=True)
+            transaction.on_commit(lambda e=envelope: publish_events(run_id, [e]), robust=True)
         else:
             if summary is not None:
                 run.status = summary.status

@@ -15,7 +15,7 @@ from django.utils import timezone
 from tests.webapp.conftest import TINY_CONFIG, client_for
 from webapp.accounts.models import Team
 from webapp.runs.models import Run
-from webapp.runs.services import request_cancel, requeue_preempted
+from webapp.runs.services import request_cancel, requeue_preempted, submit_run
 from webapp.scheduling.admission import admission_pass
 from webapp.scheduling.models import Allocation, Quota
 from webapp.scheduling.resources import Node, Resources
@@ -108,8 +108,10 @@ def test_preemption_asks_the_victim_then_the_head_starts_and_the_victim_waits_wi
 
     with transaction.atomic():  # what the worker does once the core paused it
         envelope = requeue_preempted(Run.objects.select_for_update().get(pk=victim.pk), 4)
-    assert envelope["data"] == {"status": "queued", "message": f"preempted for run {urgent.pk} after 4 iterations; "
-                                                               "it resumes from its checkpoint when admitted again"}
+    # The urgent run is another team's: the victim's team is not told its id.
+    assert envelope["data"] == {"status": "queued", "message": "preempted for a higher-priority run after 4 "
+                                                               "iterations; it resumes from its checkpoint when "
+                                                               "admitted again"}
     result = run_pass(django_capture_on_commit_callbacks, at=NOW + timedelta(seconds=90))
     assert result.admitted == (urgent.pk,)
     victim.refresh_from_db()
@@ -196,11 +198,11 @@ def test_concurrent_passes_never_admit_twice_nor_over_commit(ants: Team, bees: T
     """Passes from several threads (own database connections) at once: row locks on PostgreSQL, IMMEDIATE
     transactions on SQLite. Without the lock each pass would see the same free room and admit into it."""
     Quota.objects.create(team=ants, max_cpus=5)
+    cluster = nodes(6, 6)
+    admission_pass(now=NOW, nodes=cluster, enqueue=lambda run_id: None)  # the cluster as last read: what submits see
     for i in range(24):
         team, owner = (ants, alice) if i % 2 else (bees, charlie)
         queue(team, owner, cpus=1 + i % 3, age_s=i)
-    cluster = nodes(6, 6)
-    start = threading.Barrier(4)
     failures: list[BaseException] = []
     handed: list[int] = []
 
@@ -214,14 +216,31 @@ def test_concurrent_passes_never_admit_twice_nor_over_commit(ants: Team, bees: T
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=passes, args=(k,)) for k in range(4)]
+    source = Run.objects.filter(team=bees).first()
+
+    def clones() -> None:
+        """Submits referencing a queued run (cloned_from) while passes lock the queue: no deadlock, no 500."""
+        try:
+            start.wait(10)
+            for _ in range(4):
+                submit_run(user=charlie, team=bees, name="clone", config=source.config, resources={"cpus": 1},
+                           cloned_from=source)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    start = threading.Barrier(5)
+    threads = [threading.Thread(target=passes, args=(k,)) for k in range(4)] + [threading.Thread(target=clones)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not failures, failures
+    assert Run.objects.filter(name="clone").count() == 4
+    # The clones' own passes (on submit) see no cluster view and fall back to the last nodes read: the same 6+6.
     held = list(Allocation.objects.filter(ended_at__isnull=True))
-    assert sorted(handed) == sorted(a.run_id for a in held) and len(set(handed)) == len(handed)
+    assert len({a.run_id for a in held}) == len(held)
     per_node: dict[str, float] = {}
     per_team: dict[int, float] = {}
     for a in held:
@@ -266,3 +285,51 @@ def test_the_schedule_command_runs_a_pass(ants: Team, alice: Any, settings: Any,
     assert f"admitted [{waiting.pk}]" in out.getvalue() and "cluster view unavailable" in out.getvalue()
     with pytest.raises(CommandError, match="--every must be a positive number"):
         call_command("schedule", "--every", "0")
+
+
+def test_a_failing_hand_off_neither_fails_the_pass_nor_stops_the_others(
+        ants: Team, alice: Any, django_capture_on_commit_callbacks: Any) -> None:
+    first, second = queue(ants, alice, cpus=1), queue(ants, alice, cpus=1, age_s=1)
+    sent: list[int] = []
+
+    def broker(run_id: int) -> None:
+        if run_id == first.pk:
+            raise ConnectionError("broker down")
+        sent.append(run_id)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = admission_pass(now=NOW, nodes=nodes(4), enqueue=broker)
+    assert result.admitted == (first.pk, second.pk) and sent == [second.pk]
+
+
+def test_an_admitted_run_no_worker_claimed_gets_its_task_again(
+        ants: Team, alice: Any, django_capture_on_commit_callbacks: Any) -> None:
+    lost = queue(ants, alice, cpus=1)
+    assert run_pass(django_capture_on_commit_callbacks).admitted == (lost.pk,)
+    assert run_pass(django_capture_on_commit_callbacks, at=NOW + timedelta(seconds=60)).resent == ()
+    sent: list[int] = []
+    with django_capture_on_commit_callbacks(execute=True):
+        later = admission_pass(now=NOW + timedelta(seconds=301), nodes=nodes(4), enqueue=sent.append)
+    assert later.resent == (lost.pk,) and sent == [lost.pk] and later.admitted == ()
+    assert run_pass(django_capture_on_commit_callbacks, at=NOW + timedelta(seconds=400)).resent == ()  # not again yet
+
+
+def test_one_bad_row_waits_with_its_reason_and_the_rest_are_admitted(
+        ants: Team, alice: Any, django_capture_on_commit_callbacks: Any) -> None:
+    bad = queue(ants, alice, cpus=1)
+    Run.objects.filter(pk=bad.pk).update(expected_duration_s=-5)  # written around the API and the admin's validator
+    good = queue(ants, alice, cpus=1, age_s=1)
+    assert run_pass(django_capture_on_commit_callbacks).admitted == (good.pk,)
+    bad.refresh_from_db()
+    assert bad.queue["reason"] == "invalid" and "expected_duration_s" in bad.queue["message"]
+
+
+def test_an_unreadable_cluster_falls_back_to_the_nodes_last_read(
+        ants: Team, alice: Any, django_capture_on_commit_callbacks: Any) -> None:
+    run_pass(django_capture_on_commit_callbacks, cluster=nodes(4))  # read once: one 4-CPU node
+    runs = [queue(ants, alice, cpus=3, age_s=i) for i in range(2)]
+    handed: list[int] = []
+    with django_capture_on_commit_callbacks(execute=True):
+        result = admission_pass(now=NOW, nodes=None, enqueue=handed.append)
+    assert result.capacity_known and handed == [runs[0].pk]  # not the whole queue
+    assert Run.objects.get(pk=runs[1].pk).queue["reason"] == "capacity"

@@ -47,6 +47,10 @@ def _in_server_process() -> None:
     # A fork inherits the test process's channel layer and with it its client prefix: two servers forked from one
     # parent would then take each other's messages from Redis. Each server builds its own.
     channel_layers.backends.clear()
+    # Nor the parent's Celery producer (an earlier test may have queued a run): its pool is the parent's.
+    from webapp.queue import _producer
+
+    _producer.cache_clear()
 
 
 def start_server(port: int = 0) -> DaphneProcess:
@@ -66,6 +70,9 @@ def start_server(port: int = 0) -> DaphneProcess:
 def stop_server(server: DaphneProcess) -> None:
     server.terminate()
     server.join(10)
+    if server.is_alive():  # a fork can inherit state that hangs its exit; the port must be free for a restart
+        server.kill()
+        server.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -341,7 +341,8 @@ def test_a_backfill_that_ends_before_the_reservation_starts_one_that_would_delay
     assert {run_id: (w.position, w.reason) for run_id, w in decision.waiting.items()} == {
         1: (1, "capacity"), 2: (2, "reservation"), 6: (3, "reservation")}
     assert "first in line" in decision.waiting[1].message and "90 s" in decision.waiting[1].message
-    assert "run 1" in decision.waiting[2].message
+    # Run 2 is robotics', the head vision's: the message does not name another team's run.
+    assert "another team's run" in decision.waiting[2].message and "run 1" not in decision.waiting[2].message
     assert "duration is unknown" in decision.waiting[6].message and "leaves over" in decision.waiting[6].message
 
 

@@ -27,3 +27,20 @@ def test_invalid_stored_config_records_failed_with_an_error_event_and_reraises(a
     assert run.last_seq == 3
     # a second delivery of the same task finds nothing to do
     assert execute_run(run.pk) == {"run": run.pk, "status": "skipped"}
+
+
+def test_a_cancel_while_pausing_for_a_preemption_ends_the_run(alice: Any, ants: Any) -> None:
+    """The core paused (a preemption) but the user cancelled meanwhile: the run ends cancelled and gives its room
+    back; it does not go back to the queue to be admitted again."""
+    from earl_core.loop import RunSummary
+    from webapp.scheduling.models import Allocation
+    from workers.tasks import _finish
+
+    run = submit_run(user=alice, team=ants, name="preempted", config={"iterations": 5})  # admitted on commit
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLING, cancel_requested=True, preempt_requested=True)
+    _finish(run.pk, RunSummary("paused", 2, None, {}, str(run.run_dir)), None)
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.preemptions == 0 and not run.preempt_requested
+    assert list(Allocation.objects.filter(run=run).values_list("end", flat=True)) == ["cancelled"]
+    statuses = [e.data["status"] for e in RunEvent.objects.filter(run=run, type="run.status").order_by("seq")]
+    assert statuses[-1] == "cancelled"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -52,7 +53,7 @@ class Run(models.Model):
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
     # Scheduling (webapp.scheduling): what the submitter declared, and what the admission pass last decided.
     preemptible = models.BooleanField(default=False, help_text="may be checkpointed and requeued for a higher class")
-    expected_duration_s = models.FloatField(null=True, blank=True,
+    expected_duration_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1)],
                                             help_text="the submitter's estimate; lets the run backfill (null: unknown)")
     preempt_requested = models.BooleanField(default=False, help_text="the scheduler asked it to checkpoint and requeue")
     preemptions = models.PositiveIntegerField(default=0, help_text="times it was checkpointed and requeued")

@@ -62,7 +62,8 @@ def submit_run(*, user: Any, team: Team, name: str, config: dict[str, Any], prio
     nodes = cluster_nodes(ray_nodes())
     with transaction.atomic():
         # The team's row lock makes a team's submissions take turns, so max_queued holds under concurrent submits.
-        Team.objects.select_for_update().filter(pk=team.pk).first()
+        # no_key: rows that reference the team (an admission pass's allocations) may still be inserted meanwhile.
+        Team.objects.select_for_update(no_key=True).filter(pk=team.pk).first()
         check_submission(team, resources=resources or {}, config=sizing_config(config), nodes=nodes)
         run = Run.objects.create(team=team, owner=user, name=name, config=config, priority=priority,
                                  resources=resources or {}, cloned_from=cloned_from, preemptible=preemptible,
@@ -190,7 +191,9 @@ def requeue_preempted(run: Run, iterations_done: int) -> dict[str, Any]:
     run.preemptions += 1
     run.save(update_fields=["status", "iterations_done", "preempt_requested", "preemptions"])
     made_room = allocation.preempted_for if allocation is not None else None
-    why = f" for run {made_room}" if made_room else ""
+    # The run it made room for is named only within its own team (other teams' run ids stay private).
+    same_team = made_room is not None and Run.objects.filter(pk=made_room, team_id=run.team_id).exists()
+    why = f" for run {made_room}" if same_team else " for a higher-priority run" if made_room else ""
     return store_status_event(run, Run.Status.QUEUED, f"preempted{why} after {iterations_done} iterations; it "
                                                       "resumes from its checkpoint when admitted again")
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +23,7 @@ from webapp.scheduling.fairness import UsageInterval, usage_in_window
 from webapp.scheduling.gang import requested_gang, resources_errors, sizing_config
 from webapp.scheduling.models import AdmissionLock, Allocation, Quota
 from webapp.scheduling.policy import Plan, SchedulerState, plan
-from webapp.scheduling.resources import Node, Resources, place, total_of
+from webapp.scheduling.resources import Node, Resources, SchedulingError, place, total_of
 from webapp.scheduling.submission import cluster_nodes
 from webapp.scheduling.workload import RunningRun, RunRequest, expected_end
 
@@ -44,6 +43,8 @@ class PassResult:
     preempted: tuple[int, ...]
     waiting: int
     capacity_known: bool
+    resent: tuple[int, ...] = ()
+    """Admitted runs whose task went to the workers again (``RESEND_AFTER_S``)."""
 
 
 def admission_pass(*, now: datetime | None = None, nodes: Sequence[Node] | None = ASK_RAY,
@@ -51,10 +52,11 @@ def admission_pass(*, now: datetime | None = None, nodes: Sequence[Node] | None 
     """Decide which queued runs start now, which preemptible runs make room, and why the rest wait; write it.
 
     ``nodes`` are the cluster's nodes with their totals (what is free is the scheduler's own books: the open
-    allocations); None when the cluster cannot be read, and then quotas and priorities alone admit (Ray queues
-    what does not fit). Admitted runs get an allocation and are handed to ``enqueue`` once the pass commits;
-    preempted runs are asked to checkpoint and requeue (their worker does it); waiting runs get their place,
-    reason and estimated start in ``Run.queue``. ``now`` and ``enqueue`` are parameters so a simulated clock can
+    allocations); None when the cluster cannot be read: the last good read is used then, and only with none ever
+    made do quotas and priorities alone admit (Ray queues what does not fit). Admitted runs that no worker
+    claimed within ``RESEND_AFTER_S`` get their task again. Admitted runs get an allocation and are handed to
+    ``enqueue`` once the pass commits; preempted runs are asked to checkpoint and requeue (their worker does it);
+    waiting runs get their place, reason and estimated start in ``Run.queue``. ``now`` and ``enqueue`` are parameters so a simulated clock can
     drive the real pass (bench/scheduler_bench.py).
     """
     if nodes is ASK_RAY:
@@ -66,16 +68,61 @@ def admission_pass(*, now: datetime | None = None, nodes: Sequence[Node] | None 
         # IMMEDIATE transactions serialize writers anyway); every read below sees what earlier passes committed.
         AdmissionLock.objects.filter(pk=1).update(passes=F("passes") + 1)
         now = now or timezone.now()  # read once the lock is held: a pass never stamps a time before the last one
+        nodes = _remember_nodes(nodes, now)
         books = _Books.read(now, nodes, window)
         decision = plan(books.state, now.timestamp())
         books.write(decision)
+        resent = _resend_unclaimed(now, exclude={a.run_id for a in decision.admit})
         # Only once the allocations are committed may a worker look for them; a rolled-back pass queues nothing.
-        for admission in decision.admit:
-            transaction.on_commit(partial(enqueue, admission.run_id), robust=True)
+        # One callback per run (robust: a broker error is logged and the others are still sent).
+        for run_id in [a.run_id for a in decision.admit] + resent:
+            transaction.on_commit(_sender(enqueue, run_id), robust=True)
         if decision.admit or decision.preempt:
             transaction.on_commit(_announce)
     return PassResult(admitted=tuple(a.run_id for a in decision.admit), preempted=decision.preempt,
-                      waiting=len(decision.waiting), capacity_known=nodes is not None)
+                      waiting=len(decision.waiting), capacity_known=nodes is not None, resent=tuple(resent))
+
+
+def _sender(enqueue: Callable[[int], None], run_id: int) -> Callable[[], None]:
+    def send_run() -> None:  # a named function: Django logs a failed robust callback by its __qualname__
+        enqueue(run_id)
+
+    return send_run
+
+
+RESEND_AFTER_S = 300.0
+"""An admitted run no worker has claimed this long after its task was sent gets its task again (a lost message,
+a purged queue); a duplicate is harmless: the worker's claim takes a run once."""
+
+
+def _resend_unclaimed(now: datetime, *, exclude: set[int]) -> list[int]:
+    due = now - timedelta(seconds=RESEND_AFTER_S)
+    stale = (Allocation.objects.filter(ended_at__isnull=True, run__status=Run.Status.QUEUED)
+             .filter(Q(sent_at__isnull=True) | Q(sent_at__lt=due)).exclude(run_id__in=exclude))
+    ids = list(stale.values_list("run_id", flat=True))
+    if ids:
+        Allocation.objects.filter(ended_at__isnull=True, run_id__in=ids).update(sent_at=now)
+        log.warning("runs %s were admitted but no worker claimed them within %.0f s; sending their tasks again",
+                    ids, RESEND_AFTER_S)
+    return ids
+
+
+def _remember_nodes(nodes: Sequence[Node] | None, now: datetime) -> Sequence[Node] | None:
+    """Store the cluster as read now; when it cannot be read, the last good read (None only if there never was one).
+
+    A dashboard that times out once must not turn the pass into quota-only admission of the whole queue."""
+    lock = AdmissionLock.objects.get(pk=1)
+    lock.last_pass_at = now
+    if nodes is not None:
+        lock.nodes = [{"name": n.name, "cpus": n.total.cpus, "gpus": n.total.gpus,
+                       "memory_bytes": n.total.memory_bytes} for n in nodes]
+        lock.nodes_read_at = now
+    elif lock.nodes:
+        log.warning("the cluster could not be read; using its nodes as read at %s", lock.nodes_read_at)
+        nodes = tuple(Node.idle(row["name"], Resources(cpus=row["cpus"], gpus=row["gpus"],
+                                                       memory_bytes=row["memory_bytes"])) for row in lock.nodes)
+    lock.save(update_fields=["last_pass_at", "nodes", "nodes_read_at"])
+    return nodes
 
 
 def request_admission(nodes: Sequence[Node] | None = ASK_RAY) -> None:
@@ -119,7 +166,9 @@ class _Books:
         held = list(Allocation.objects.filter(ended_at__isnull=True).select_related("run", "team"))
         admitted = {a.run_id for a in held}
         # Locked until the pass commits: a cancel or a claim of one of these waits for the decision.
-        candidates = (Run.objects.select_for_update(of=("self",)).select_related("team")
+        # no_key: a FOR NO KEY UPDATE lock, so inserting a row that references one of these runs (a clone's
+        # cloned_from) does not wait on the pass, and the pass and a submit cannot deadlock.
+        candidates = (Run.objects.select_for_update(of=("self",), no_key=True).select_related("team")
                       .filter(status=Run.Status.QUEUED).order_by("pk"))
         queued: dict[int, Run] = {}
         gangs: dict[int, tuple[Resources, ...]] = {}
@@ -132,11 +181,19 @@ class _Books:
                 run.queue = {"reason": "invalid", "message": str(errors[0])}
                 run.save(update_fields=["queue"])
                 continue
-            gangs[run.pk] = requested_gang(run.resources, sizing_config(run.config))
+            if run.cancel_requested:  # being cancelled: it will not start
+                continue
+            try:
+                gang = requested_gang(run.resources, sizing_config(run.config))
+                requests.append(RunRequest(run_id=run.pk, team=run.team.slug, bundles=gang,
+                                           submitted_at=run.created_at.timestamp(), priority=run.priority,
+                                           expected_duration_s=run.expected_duration_s, preemptible=run.preemptible))
+            except SchedulingError as exc:  # one bad row (written around the API) must not stop every pass
+                run.queue = {"reason": "invalid", "message": str(exc)}
+                run.save(update_fields=["queue"])
+                continue
+            gangs[run.pk] = gang
             queued[run.pk] = run
-            requests.append(RunRequest(run_id=run.pk, team=run.team.slug, bundles=gangs[run.pk],
-                                       submitted_at=run.created_at.timestamp(), priority=run.priority,
-                                       expected_duration_s=run.expected_duration_s, preemptible=run.preemptible))
         snapshot, running = _free_nodes(nodes, [_running(a, now) for a in held], requests)
         cluster_total = total_of(n.total for n in snapshot)
         since = now - timedelta(seconds=window_s)
@@ -159,7 +216,8 @@ class _Books:
                 run=run, team=run.team, placement=list(admission.placement), cpus=total.cpus, gpus=total.gpus,
                 memory_bytes=total.memory_bytes, priority=run.priority, preemptible=run.preemptible,
                 bundles=[{"cpus": b.cpus, "gpus": b.gpus, "memory_bytes": b.memory_bytes} for b in gang],
-                backfilled=admission.backfilled, iterations_at_start=run.iterations_done, started_at=self.now)
+                backfilled=admission.backfilled, iterations_at_start=run.iterations_done, started_at=self.now,
+                sent_at=self.now)
             where = sorted(set(admission.placement))
             run.queue = {"reason": "admitted", "position": 0, "backfilled": admission.backfilled,
                          "nodes": where if self.capacity_known else [],
@@ -168,7 +226,10 @@ class _Books:
             run.save(update_fields=["queue"])
         if decision.preempt:
             head = decision.reservation.run_id if decision.reservation else None
-            Run.objects.filter(pk__in=decision.preempt, preempt_requested=False).update(preempt_requested=True)
+            # Only runs that still hold their room (one may have ended since it was read) are asked to stop.
+            holding = Allocation.objects.filter(ended_at__isnull=True, run_id__in=decision.preempt)
+            Run.objects.filter(pk__in=holding.values("run_id"), preempt_requested=False,
+                               cancel_requested=False).update(preempt_requested=True)
             Allocation.objects.filter(run_id__in=decision.preempt, ended_at__isnull=True,
                                       preempted_for__isnull=True).update(preempted_for=head)
         changed = []

@@ -75,6 +75,7 @@ class Allocation(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
     end = models.CharField(max_length=12, choices=End.choices, blank=True)
     preempted_for = models.PositiveBigIntegerField(null=True, blank=True, help_text="the run it made room for")
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="when its task last went to the workers")
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -91,3 +92,6 @@ class AdmissionLock(models.Model):
 
     passes = models.PositiveBigIntegerField(default=0)
     last_pass_at = models.DateTimeField(null=True, blank=True)
+    nodes = models.JSONField(default=list, blank=True,
+                             help_text="the cluster's nodes at the last read; used while the dashboard does not answer")
+    nodes_read_at = models.DateTimeField(null=True, blank=True)

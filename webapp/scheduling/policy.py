@@ -149,8 +149,8 @@ class _Pass:
         elif placement is None:
             head = self.head
             if priority_rank(head.priority) > priority_rank(run.priority):
-                self._wait(run, "priority", f"run {head.run_id} of a higher class ({head.priority}) waits ahead of it "
-                                            "for room")
+                self._wait(run, "priority", f"{_name(head, run.team)} of a higher class ({head.priority}) waits "
+                                            "ahead of it for room")
             else:
                 self._wait(run, "capacity", f"its {len(run.bundles)} bundles ({run.total.describe()}) do not fit the "
                                             "free resources now")
@@ -178,8 +178,11 @@ class _Pass:
             placement = place(run.bundles, freed)
             assert placement is not None, "victims were chosen so that the head fits"
             self.shadow, self.leftover = self.now, occupy(freed, run.bundles, placement)
-            ids = ", ".join(str(v.run_id) for v in self.victims)
-            self._wait(run, "capacity", f"first in line for room; stopping preemptible lower-priority runs {ids} "
+            own = [str(v.run_id) for v in self.victims if v.team == run.team]
+            others = len(self.victims) - len(own)
+            which = ", ".join(([f"runs {', '.join(own)}"] if own else [])
+                              + ([f"{others} of other teams"] if others else []))
+            self._wait(run, "capacity", f"first in line for room; stopping preemptible lower-priority runs ({which}) "
                                         "to make room")
             return
         self.shadow, self.leftover = _shadow_time(run, free=self.free, holders=self.holders, now=self.now)
@@ -194,8 +197,8 @@ class _Pass:
         head = self.head
         assert head is not None
         if self.shadow is None:
-            self._wait(run, "reservation", f"run {head.run_id} is first in line for room and when it can start is "
-                                           "unknown, so nothing may start ahead of it")
+            self._wait(run, "reservation", f"{_name(head, run.team)} is first in line for room and when it can "
+                                           "start is unknown, so nothing may start ahead of it")
             return
         known = run.expected_duration_s is not None
         ends_in_time = known and self.now + run.expected_duration_s <= self.shadow
@@ -214,16 +217,23 @@ class _Pass:
                                             for node, left in self.free.items()})
         if placement is None:
             if not known:
-                self._wait(run, "reservation", f"its duration is unknown, so it may use only what run {head.run_id} "
-                                               "(first in line for room) leaves over when it starts, and that is "
-                                               "not enough")
+                self._wait(run, "reservation", "its duration is unknown, so it may use only what "
+                                               f"{_name(head, run.team)} (first in line for room) leaves over when "
+                                               "it starts, and that is not enough")
             else:
                 self._wait(run, "reservation", f"it would still run at {self.shadow - self.now:g} s from now and "
-                                               f"hold resources run {head.run_id} (first in line for room) needs then")
+                                               f"hold resources {_name(head, run.team)} (first in line for room) needs "
+                                               "then")
             return
         if not ends_in_time:
             self.leftover = occupy(self.leftover, run.bundles, placement)
         self._admit(run, placement, backfilled=True)
+
+
+def _name(other: RunRequest | RunningRun, team: str) -> str:
+    """How a waiting run's message names another run: by id within its team, anonymously across teams (messages
+    reach the waiting run's team, which sees other teams' runs only without their ids)."""
+    return f"run {other.run_id}" if other.team == team else "another team's run"
 
 
 def _released(free: Mapping[str, Resources], runs: Iterable[RunningRun]) -> dict[str, Resources]:
