@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
-import os
 import random
 import statistics
 import sys
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_io import write_result  # noqa: E402
+from bench_io import django_on_private_sqlite, write_result  # noqa: E402
 
 GIB = 1024**3
 NODES = 4
@@ -397,22 +396,6 @@ def _backfilled() -> int:
     return Allocation.objects.filter(backfilled=True).count()
 
 
-def _setup(db_path: str) -> None:
-    """A private SQLite database (and Redis db 8 for the cluster-change notices), then Django and its tables."""
-    from webapp.localredis import ensure_redis
-
-    os.environ["DATABASE_URL"] = f"sqlite:///{db_path}"
-    url, _local = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/8")
-    os.environ["REDIS_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
-
-
 def simulate(seed: int, quota_gpus: int = QUOTA_GPUS) -> dict[str, Any]:
     """One workload (by seed) through the service's scheduler on a fresh database."""
     from django.core.management import call_command
@@ -439,7 +422,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        _setup(str(Path(tmp) / "scheduler_bench.sqlite3"))
+        django_on_private_sqlite(str(Path(tmp) / "scheduler_bench.sqlite3"))
         results = [simulate(seed, args.quota_gpus) for seed in seeds]
     for r in results:
         u, f, w = r["utilization"], r["fairness"], r["waits_by_priority"]

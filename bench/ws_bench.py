@@ -25,22 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def _setup(db_path: str) -> str:
-    """A private SQLite database and a reachable Redis, then Django; returns the Redis URL."""
-    from webapp.localredis import ensure_redis
-
-    os.environ["DATABASE_URL"] = f"sqlite:///{db_path}"
-    url, _local = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/8")
-    os.environ["REDIS_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
-    return url
+from bench_io import django_on_private_sqlite  # noqa: E402
 
 
 def _make_run() -> tuple[int, str]:
@@ -122,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="ws-bench-")
-    redis_url = _setup(str(Path(tmp) / "db.sqlite3"))
+    redis_url = django_on_private_sqlite(str(Path(tmp) / "db.sqlite3"))
     run_id, key = _make_run()
     from webapp.stack import Stack, free_port
 
