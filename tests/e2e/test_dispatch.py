@@ -8,32 +8,20 @@ of its own (``unshare -n``) where loopback is the only interface (two_node_dispa
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.isolated import needs_isolation, run_isolated
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("two_node_dispatch.py")
 
 
-def _isolated_network() -> bool:
-    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _isolated_network(), reason="needs `unshare -n` (root or user namespaces) for a loopback cluster")
+@needs_isolation
 def test_two_node_dispatch_both_modes_train_identically(protocol_model: Path) -> None:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = f"ip link set lo up && exec {sys.executable} {SCRIPT} {protocol_model}"
-    done = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=600, env=env,
-                          cwd=Path(__file__).resolve().parents[2])
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_isolated(SCRIPT, protocol_model)
     records = out["records"]
     assert out["cluster_nodes"] == 2
     assert all("token_ids" not in r for r in records), "the driver got per-token fields"
