@@ -15,6 +15,7 @@ from earl_core.errors import ConfigError
 
 CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
+FLOAT_MAX_BITS = 1024  # ints above 2**1024 overflow a float
 _OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
 OPPONENT_ALLOWED = ("random, heuristic, heuristic:P (P% random moves, 0..100), solver, solver:D with D in 1..42, "
                     "or a comma-separated list of these")
@@ -306,6 +307,10 @@ class RunConfig:
     """Save a checkpoint every N iterations (and always at the end)."""
     eval_games: int = 0
     """Greedy games against the opponent after training (0 = skip)."""
+    max_worker_restarts: int = 2
+    """Times the run rebuilds its worker groups after a rollout or trainer worker dies (killed, out of memory, its
+    node lost): it continues from its last checkpoint, training the iterations since then again; one more death
+    fails the run."""
     output_dir: str = "runs"
     """Parent folder of the run's folder (metrics.jsonl, checkpoints/)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -325,6 +330,7 @@ class RunConfig:
         _check_range("trainer_cpus", self.trainer_cpus, 1, 256)
         _check_range("checkpoint_every", self.checkpoint_every, 1, 1_000_000)
         _check_range("eval_games", self.eval_games, 0, 1_000_000)
+        _check_range("max_worker_restarts", self.max_worker_restarts, 0, 100)
         if self.trainer_workers % self.parallelism.train_tp:
             raise ConfigError("parallelism.train_tp", f"{self.parallelism.train_tp} does not divide trainer_workers="
                               f"{self.trainer_workers}",
@@ -380,7 +386,8 @@ class RunConfig:
 def _build(cls: type, data: dict[str, Any], *, prefix: str) -> Any:
     hints = get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    # YAML keys may be numbers or null: they are named as text; an empty key as "" so the field is never blank.
+    unknown = sorted({str(k) or '""' for k in data} - known)
     if unknown:
         raise ConfigError(prefix + unknown[0], "unknown field", allowed=sorted(known))
     kwargs: dict[str, Any] = {}
@@ -403,6 +410,9 @@ def _build(cls: type, data: dict[str, Any], *, prefix: str) -> Any:
 
 def _coerce(path: str, hint: Any, value: Any) -> Any:
     """Accept ints where floats are expected (YAML writes 1 for 1.0); reject other type mismatches clearly."""
+    if isinstance(value, int) and value.bit_length() > FLOAT_MAX_BITS:
+        # Such an int cannot become a float, and past 4300 digits Python will not even print it in a message.
+        raise ConfigError(path, f"an integer of {value.bit_length()} bits is too large", allowed="a number below 1.8e308")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, float) and value.is_integer():

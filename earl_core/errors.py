@@ -51,3 +51,7 @@ class BudgetExceeded(EarlError):
 
 class PlacementError(EarlError):
     """A worker group's resources could not all be reserved on the cluster (gang placement timed out)."""
+
+
+class WorkerLostError(EarlError, RuntimeError):
+    """A Ray worker of the run died more often than the run may rebuild its worker groups (max_worker_restarts)."""

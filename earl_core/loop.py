@@ -27,7 +27,7 @@ from earl_core.checkpoints import STATE_FILE, complete_checkpoints
 from earl_core.config import RunConfig, opponent_list
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent
-from earl_core.errors import ConfigError
+from earl_core.errors import ConfigError, WorkerLostError
 from earl_core.evaluate import run_limits
 from earl_core.games import iteration_specs, rollout_metrics
 from earl_core.models import create_model
@@ -38,7 +38,7 @@ from earl_core.parallel.rollout_planner import RolloutPlanner
 from earl_core.parallel.tensor_parallel import check_tp_degree
 from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.dispatcher import Dispatcher, DispatchReport
-from earl_core.ray_exec.groups import RolloutGroup, TrainerGroup
+from earl_core.ray_exec.groups import WORKER_LOST, RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline
 
 
@@ -128,9 +128,23 @@ def train(
 
     stream = ev.EventStream(run_id if run_id is not None else cfg.name, both, start_seq=start_seq)
     stream.emit(ev.RunStatus("starting", "preparing model and workers"))
+    restarts = 0
     try:
-        return _run(cfg, stream, resume=resume, should_stop=should_stop, should_pause=should_pause,
-                    ray_address=ray_address)
+        while True:
+            try:
+                return _run(cfg, stream, resume=resume or restarts > 0, should_stop=should_stop,
+                            should_pause=should_pause, ray_address=ray_address)
+            except WORKER_LOST as exc:
+                if restarts >= cfg.max_worker_restarts:
+                    raise WorkerLostError(f"a worker died and the run already rebuilt its workers {restarts} "
+                                          f"times (max_worker_restarts={cfg.max_worker_restarts}): {exc}") from exc
+                restarts += 1
+                # The groups are closed (the dead worker's peers killed); all start again from the checkpoint.
+                ckpt = complete_checkpoints(run_dir)
+                where = f"the checkpoint at iteration {ckpt[-1][0]}" if ckpt else "the start (no checkpoint yet)"
+                stream.emit(ev.Log("warning", f"worker lost: {type(exc).__name__}: {str(exc)[:2000]}"))
+                stream.emit(ev.RunStatus("starting", f"a worker died; rebuilding the worker groups from {where} "
+                                                     f"(restart {restarts} of at most {cfg.max_worker_restarts})"))
     except BaseException as exc:
         stream.emit(ev.Error(message=str(exc) or type(exc).__name__, kind=type(exc).__name__,
                              traceback=traceback.format_exc()))

@@ -88,8 +88,9 @@ def _serve(args: argparse.Namespace, redis_url: str, *, started_redis: bool) -> 
             print(f"ray: {address} (dashboard {stack.env['RAY_DASHBOARD_URL']})", flush=True)
         for i in range(args.workers):
             stack.start_celery_worker(name=f"worker{i + 1}")
-        # Passes run on submit, cancel and run end; this one catches what no event announces (see `schedule`).
-        stack.spawn("scheduler", [sys.executable, "manage.py", "schedule", "--every", "15"])
+        # Passes run on submit, cancel and run end; this one catches what no event announces (see `schedule`),
+        # and recovers the runs of workers that died.
+        stack.start_scheduler()
         url = stack.start_asgi(host=args.host, port=args.port)
         print(f"\nEARL service is up: {url}/   (API docs {url}/api/docs/)\n  login: {user} / {password}\n"
               f"  logs: {stack.log_dir}\n  Ctrl-C stops everything.", flush=True)

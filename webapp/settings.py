@@ -28,6 +28,12 @@ RAY_ADDRESS = env_str("RAY_ADDRESS", "")
 RAY_DASHBOARD_URL = env_str("RAY_DASHBOARD_URL", "")
 # How often (s) a running task looks for a cancel request; cancel takes effect at the next safe point.
 EARL_CANCEL_POLL_S = env_int("EARL_CANCEL_POLL_S", 1, minimum=1)
+# A worker renews its run's lease every EARL_HEARTBEAT_S; a run whose lease is EARL_LEASE_S old lost its worker
+# (killed, or cut off): the scheduler requeues it to resume from its checkpoint, up to EARL_MAX_RECOVERIES times,
+# then marks it failed. The scheduler looks every 15 s, so a lost worker is noticed within lease + 15 s.
+EARL_HEARTBEAT_S = env_int("EARL_HEARTBEAT_S", 5, minimum=1)
+EARL_LEASE_S = env_int("EARL_LEASE_S", max(30, 3 * EARL_HEARTBEAT_S), minimum=3 * EARL_HEARTBEAT_S)
+EARL_MAX_RECOVERIES = env_int("EARL_MAX_RECOVERIES", 3, minimum=0)
 # Fair share compares the teams' usage over this trailing window (one value for the cluster, so shares compare).
 EARL_FAIR_SHARE_WINDOW_S = env_int("EARL_FAIR_SHARE_WINDOW_S", 24 * 3600, minimum=60)
 

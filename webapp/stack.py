@@ -120,6 +120,20 @@ class Stack:
                     print(f"{name} (pid {proc.pid}) did not exit after SIGKILL")
         self.procs.clear()
 
+    def kill(self, name: str) -> None:
+        """SIGKILL a child and everything it started (a crash, not a shutdown); it is no longer this stack's."""
+        for entry in [p for p in self.procs if p[0] == name]:
+            try:
+                os.killpg(entry[1].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            entry[1].wait(30)
+            self.procs.remove(entry)
+
+    def start_scheduler(self, *, every_s: float = 15.0) -> subprocess.Popen[bytes]:
+        """`manage.py schedule`: recovers runs of lost workers and runs admission passes, as `make run` does."""
+        return self.spawn("scheduler", [sys.executable, "manage.py", "schedule", "--every", str(every_s)])
+
     def first_dead(self) -> tuple[str, int] | None:
         for name, proc in self.procs:
             if proc.poll() is not None:

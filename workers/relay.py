@@ -23,8 +23,10 @@ class EventRelay:
     fill it from the database.
     """
 
-    def __init__(self, run_id: int, *, max_batch: int = 200, max_delay_s: float = 0.1) -> None:
+    def __init__(self, run_id: int, *, lease: str | None = None, max_batch: int = 200,
+                 max_delay_s: float = 0.1) -> None:
         self.run_id = run_id
+        self.lease = lease
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -73,7 +75,7 @@ class EventRelay:
 
     def _flush(self, batch: list[dict[str, Any]]) -> None:
         close_old_connections()
-        stored = store_events(self.run_id, batch)
+        stored = store_events(self.run_id, batch, lease=self.lease)
         try:
             publish_events(self.run_id, stored)
         except Exception:  # live delivery is best effort; viewers catch up from the database by seq

@@ -19,6 +19,12 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+# What a dead rollout or trainer worker raises in the driver: the actor itself, its process, an object only it
+# held, or its node. (Wrapped in a RayTaskError when a peer saw it first: Ray makes that an instance of the cause.)
+WORKER_LOST = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError,
+               ray.exceptions.NodeDiedError)
+
+
 def close_actors(actors: list[Any]) -> None:
     """Ask each actor to free its resources, then kill it; a dead or failing actor never blocks the others
     and never hides the error that ended the run (cleanup problems are logged, not raised)."""

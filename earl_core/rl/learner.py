@@ -19,7 +19,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from earl_core.checkpoints import STATE_FILE
+from earl_core.checkpoints import STATE_FILE, fsync_dir, fsync_tree
 from earl_core.config import AlgoConfig
 from earl_core.parallel.probe import PeakMemory
 from earl_core.parallel.tensor_parallel import (check_tp_degree, clip_grad_norm, full_optimizer_state,
@@ -301,9 +301,16 @@ class Learner:
             shutil.copy2(generation_config, tmp / "generation_config.json")
         torch.save({"optimizer": optimizer, "steps": self.steps}, tmp / "trainer_state.pt")
         (tmp / STATE_FILE).write_text(json.dumps(extra or {}, indent=2))
+        fsync_tree(tmp)
+        # An older folder of the same iteration is renamed away first (one atomic step), never deleted in place:
+        # a crash while deleting would leave a folder that still has its state file but lacks weights.
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)
         os.replace(tmp, final)
+        fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
         return final
 
     def load_optimizer(self, checkpoint: str | Path) -> None:

@@ -206,3 +206,70 @@ def test_measured_peaks_over_budget_are_errors_and_auto_refuses_to_run_over_it(r
         train(_selector_config(tmp_path, "guarded", mode="auto", memory_budget_gib=0.05), got.append)
     assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "failed"
     assert not any(e["type"] == "selector.decision" and e["data"]["stage"] != "rollout" for e in got)
+
+
+def _kill_worker(class_name: str) -> int:
+    """SIGKILL one live Ray worker process of the run's (a crash: no cleanup, no goodbye); returns its pid."""
+    import os
+    import signal
+
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        # Ray names an actor's process after its class (ray::RolloutWorker, or ray::RolloutWorker.method while busy).
+        if cmdline and cmdline[0].split(".")[0] == f"ray::{class_name}":
+            os.kill(proc.pid, signal.SIGKILL)
+            return proc.pid
+    raise AssertionError(f"no {class_name} process found")
+
+
+def test_killed_rollout_and_trainer_workers_are_rebuilt_and_the_iteration_retried(
+        ray_session: str, tmp_path: Path) -> None:
+    """A rollout worker killed as iteration 1 ends, then a trainer worker as its retry ends: each time both groups
+    are rebuilt from the last checkpoint (iteration 1) and training goes on; every iteration ends up trained."""
+    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=2)
+    got: list[dict] = []
+    kills = iter(["RolloutWorker", "TrainerWorker"])
+    killed: list[int] = []
+
+    def sink(envelope: dict) -> None:
+        got.append(envelope)
+        data = envelope["data"]
+        if envelope["type"] == "metrics" and "rollout/win_rate" in data["values"] and data["iteration"] == 1:
+            target = next(kills, None)
+            if target is not None:
+                killed.append(_kill_worker(target))
+
+    summary = train(cfg, sink, run_id=1)
+    assert summary.status == "succeeded" and summary.iterations_done == 3 and len(killed) == 2
+    statuses = [(e["data"]["status"], e["data"]["message"]) for e in got if e["type"] == "run.status"]
+    assert [s for s, _ in statuses] == ["starting", "running", "starting", "running", "starting", "running",
+                                        "succeeded"]
+    restarts = [e for e in got if e["type"] == "run.status" and "a worker died" in e["data"]["message"]]
+    assert ["restart 1 of at most 2" in restarts[0]["data"]["message"],
+            "restart 2 of at most 2" in restarts[1]["data"]["message"]] == [True, True]
+    # After the last rebuild, training continued from that checkpoint up to the end.
+    assert "checkpoint at iteration " in restarts[1]["data"]["message"], statuses
+    resumed = int(restarts[1]["data"]["message"].split("checkpoint at iteration ")[1].split(" ")[0])
+    after = [e["data"]["iteration"] for e in got if e["seq"] > restarts[1]["seq"] and e["type"] == "metrics"
+             and "rollout/win_rate" in e["data"]["values"]]
+    assert after == list(range(resumed, 3))
+    assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+
+
+def test_a_worker_death_beyond_the_limit_fails_the_run_with_the_reason(ray_session: str, tmp_path: Path) -> None:
+    from earl_core.errors import WorkerLostError
+
+    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=0)
+    got: list[dict] = []
+    killed: list[int] = []
+
+    def sink(envelope: dict) -> None:
+        got.append(envelope)
+        if not killed and envelope["type"] == "metrics" and "rollout/win_rate" in envelope["data"]["values"]:
+            killed.append(_kill_worker("RolloutWorker"))
+
+    with pytest.raises(WorkerLostError, match="max_worker_restarts=0"):
+        train(cfg, sink, run_id=1)
+    assert [e["data"]["status"] for e in got if e["type"] == "run.status"] == ["starting", "running", "failed"]

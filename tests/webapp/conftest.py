@@ -13,8 +13,9 @@ from rest_framework.test import APIClient
 from webapp.accounts.models import ApiToken, Membership, Team
 from webapp.localredis import ensure_redis
 
-# Tests use their own Redis database number so they never meet a running service's queue or groups.
-TEST_REDIS_DB = 9
+# Tests use their own Redis database number so they never meet a running service's queue or groups (another
+# number for a second test session on the same Redis: each session flushes its database when it starts).
+TEST_REDIS_DB = int(os.environ.get("EARL_TEST_REDIS_DB", "9"))
 
 
 @pytest.fixture(scope="session", autouse=True)

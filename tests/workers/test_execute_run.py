@@ -172,3 +172,43 @@ def test_a_preempted_run_checkpoints_requeues_and_resumes_from_its_checkpoint(
     assert top.started_at > paused_at.ts
     allocations = list(low.allocations.order_by("started_at").values_list("end", "preempted_for"))
     assert allocations == [("preempted", top.pk), ("succeeded", None)]
+
+
+def test_a_worker_killed_mid_run_is_recovered_and_resumes_from_its_checkpoint(worker: Stack, as_alice: Any) -> None:
+    """SIGKILL the Celery worker (parent and child: the run's Ray driver dies with it) in the middle of a run. With
+    the default lease (30 s) and scheduler period (15 s), the scheduler process notices the silence, requeues the
+    run within 60 s, and a new worker resumes it from its last checkpoint: no iteration after it is lost."""
+    config = {**TINY_CONFIG, "iterations": 5, "checkpoint_every": 1}
+    run_id = as_alice.post("/api/runs/", {"team": "ants", "name": "crash", "config": config},
+                           format="json").json()["id"]
+    _wait(lambda: Run.objects.get(pk=run_id).iterations_done >= 2, timeout_s=300, what="two iterations",
+          stack=worker)
+    (name,) = [n for n, _ in worker.procs if n.startswith("w")]
+    worker.kill(name)
+    killed_at = time.monotonic()
+    worker.start_scheduler()
+    worker.start_celery_worker(name=f"w{free_port()}")
+
+    def requeued() -> bool:
+        return RunEvent.objects.filter(run_id=run_id, type="run.status", data__status="queued", seq__gt=1).exists()
+
+    _wait(requeued, timeout_s=90, what="the lost run to be requeued", stack=worker)
+    noticed_s = time.monotonic() - killed_at
+    print(f"requeued {noticed_s:.1f} s after the worker was killed")
+    assert noticed_s < 60, f"a killed worker's run was requeued only after {noticed_s:.0f} s"
+    _wait(lambda: _recorded(run_id), timeout_s=420, what="the resumed run to finish", stack=worker)
+
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded" and run.iterations_done == 5 and run.recoveries == 1, run.error
+    assert run.lease == "" and run.heartbeat_at is None
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    statuses = [e.data["status"] for e in events if e.type == "run.status"]
+    assert statuses == ["queued", "starting", "running", "queued", "starting", "running", "succeeded"]
+    recovery = next(e for e in events if e.type == "run.status" and "stopped answering" in e.data["message"])
+    resumed_at = int(recovery.data["message"].split("checkpoint at iteration ")[1].split(" ")[0])
+    assert resumed_at >= 2
+    after = [e.data["iteration"] for e in events if e.seq > recovery.seq and e.type == "metrics"
+             and "rollout/win_rate" in e.data["values"]]
+    assert after == list(range(resumed_at, 5))  # it continued from the checkpoint, it did not start over
+    assert list(run.allocations.order_by("id").values_list("end", flat=True)) == ["lost", "succeeded"]

@@ -37,8 +37,9 @@ def test_a_cancel_while_pausing_for_a_preemption_ends_the_run(alice: Any, ants: 
     from workers.tasks import _finish
 
     run = submit_run(user=alice, team=ants, name="preempted", config={"iterations": 5})  # admitted on commit
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLING, cancel_requested=True, preempt_requested=True)
-    _finish(run.pk, RunSummary("paused", 2, None, {}, str(run.run_dir)), None)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLING, cancel_requested=True, preempt_requested=True,
+                                         lease="this-worker")
+    _finish(run.pk, RunSummary("paused", 2, None, {}, str(run.run_dir)), None, "this-worker")
     run.refresh_from_db()
     assert run.status == "cancelled" and run.preemptions == 0 and not run.preempt_requested
     assert list(Allocation.objects.filter(run=run).values_list("end", flat=True)) == ["cancelled"]

@@ -59,6 +59,11 @@ class Run(models.Model):
     preemptions = models.PositiveIntegerField(default=0, help_text="times it was checkpointed and requeued")
     queue = models.JSONField(default=dict, blank=True,
                              help_text="while queued: position, reason, message, estimated_start (last admission pass)")
+    # The worker lease (webapp.runs.leases): the attempt that holds the run renews heartbeat_at; a run whose heartbeat
+    # stops is recovered (requeued to resume from its checkpoint) or failed. Only the holder of `lease` may write it.
+    lease = models.CharField(max_length=80, blank=True, help_text="the worker attempt that holds the run")
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="the holder's last sign of life")
+    recoveries = models.PositiveIntegerField(default=0, help_text="times it was requeued after its worker was lost")
 
     class Meta:
         ordering = ["-created_at", "-id"]

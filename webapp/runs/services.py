@@ -12,6 +12,7 @@ from earl_core.checkpoints import complete_checkpoints
 from earl_core.config import RunConfig
 from webapp.accounts.models import Membership, Team
 from webapp.cluster.ray_view import ray_nodes
+from webapp.runs.leases import LeaseLost, holds
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Checkpoint, Game, Run, RunEvent
 from webapp.scheduling.admission import close_allocation, request_admission
@@ -115,13 +116,16 @@ def clone_run(run: Run, *, user: Any, name: str | None = None) -> Run:
 _STATUS_FROM_CORE = {s.value for s in Run.Status}
 
 
-def store_events(run_id: int, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def store_events(run_id: int, envelopes: list[dict[str, Any]], *, lease: str | None = None) -> list[dict[str, Any]]:
     """Persist a batch of core events in order, and apply what they say to the run; returns the stored ones.
 
-    Events at or below the stored last seq are skipped (a batch retried after a crash is not stored twice).
+    Events at or below the stored last seq are skipped (a batch retried after a crash is not stored twice). With a
+    `lease`, only the worker attempt holding it may write: a worker declared lost gets LeaseLost and stores nothing.
     """
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
+        if not holds(run, lease):
+            raise LeaseLost(run_id)
         fresh = [e for e in envelopes if e["seq"] > run.last_seq]
         if not fresh:
             return []

@@ -59,6 +59,7 @@ class Allocation(models.Model):
         FAILED = "failed"
         CANCELLED = "cancelled"
         PREEMPTED = "preempted"
+        LOST = "lost"  # its worker stopped renewing the run's lease (killed, or cut off)
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="allocations")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="allocations")

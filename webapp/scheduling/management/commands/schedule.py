@@ -1,7 +1,9 @@
-"""`manage.py schedule`: run an admission pass every few seconds (and once with --once).
+"""`manage.py schedule`: every few seconds (or once with --once), recover runs whose worker was lost, then run an
+admission pass.
 
-Passes already run on every submit, cancel and run end; this loop catches what no such event announces: a node that
-joined or left the cluster, a cluster view that could not be read at the last pass, a pass that failed.
+Passes already run on every submit, cancel and run end; this loop catches what no such event announces: a worker
+that died (its run's lease went stale: webapp.runs.leases), a node that joined or left the cluster, a cluster view
+that could not be read at the last pass, a pass that failed.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from webapp.runs.leases import recover_lost_runs
 from webapp.scheduling.admission import admission_pass
 
 
 class Command(BaseCommand):
-    help = "Run the scheduler's admission pass periodically (or once)."
+    help = "Recover runs of lost workers and run the scheduler's admission pass, periodically (or once)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--every", type=float, default=15.0, help="seconds between passes (default 15)")
@@ -35,6 +38,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         while not stopping:
             try:
+                for recovery in recover_lost_runs():
+                    self.stdout.write(f"run {recovery.run_id} {recovery.message}")
                 result = admission_pass()
                 if result.admitted or result.preempted or once:
                     self.stdout.write(f"admitted {list(result.admitted)}, preempting {list(result.preempted)}, "
@@ -42,8 +47,8 @@ class Command(BaseCommand):
                                       + ("" if result.capacity_known else " (cluster view unavailable)"))
             except Exception as exc:  # a database or dashboard hiccup: say so and try again next time
                 if once:
-                    raise CommandError(f"admission pass failed: {type(exc).__name__}: {exc}") from exc
-                self.stderr.write(f"admission pass failed: {type(exc).__name__}: {exc}")
+                    raise CommandError(f"scheduling pass failed: {type(exc).__name__}: {exc}") from exc
+                self.stderr.write(f"scheduling pass failed: {type(exc).__name__}: {exc}")
             if once:
                 return
             deadline = time.monotonic() + every
