@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,7 +18,11 @@ def ray_nodes(timeout_s: float = 2.0) -> dict[str, Any]:
         return {"source": None, "nodes": [], "error": "RAY_DASHBOARD_URL is not set; node details are unavailable"}
     url = base.rstrip("/") + "/api/v0/nodes?limit=1000&detail=true"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (a configured internal URL)
+        request = urllib.request.Request(url)
+        # A cluster with Ray's token auth on answers its dashboard only with the cluster's token.
+        if os.environ.get("RAY_AUTH_MODE") == "token" and os.environ.get("RAY_AUTH_TOKEN"):
+            request.add_header("Authorization", "Bearer " + os.environ["RAY_AUTH_TOKEN"])
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 (a configured internal URL)
             body = json.load(resp)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return {"source": base, "nodes": [], "error": f"Ray dashboard unreachable: {exc}"}
