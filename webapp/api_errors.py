@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
@@ -26,6 +28,18 @@ class FieldErrors(exceptions.ValidationError):
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         self.errors = errors
         super().__init__({e["field"]: [e["message"]] for e in errors})
+
+
+class BodyTooLarge(exceptions.APIException):
+    """The request body is over DATA_UPLOAD_MAX_MEMORY_SIZE (Django refuses to read it)."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "body_too_large"
+
+    def __init__(self) -> None:
+        self.errors = [{"field": "body", "message": "the request body is too large",
+                        "allowed": f"at most {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"}]
+        super().__init__(self.errors[0]["message"])
 
 
 def config_field_errors(errors: list[ConfigError], *, prefix: str = "config.") -> list[dict[str, Any]]:
@@ -53,10 +67,19 @@ def _flatten(detail: Any, path: str = "") -> list[dict[str, Any]]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, SchedulingError):  # a run refused at submit time names the request field at fault
         exc = FieldErrors([{"field": exc.field, "message": exc.reason, "allowed": exc.allowed}])
+    # Django's own refusals to read a body would otherwise leave the API as a bare HTML 400.
+    if isinstance(exc, RequestDataTooBig):
+        exc = BodyTooLarge()
+    elif isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
+        exc = FieldErrors([{"field": "body", "message": str(exc), "allowed": "fewer form fields or files"}])
+    elif isinstance(exc, exceptions.ParseError):  # a body that is not JSON (or a broken form)
+        exc = FieldErrors([{"field": "body", "message": str(exc.detail), "allowed": "a JSON object"}])
     response = drf_handler(exc, context)
     if response is None:
         return None
-    if isinstance(exc, FieldErrors):
+    if isinstance(exc, BodyTooLarge):
+        response.data = {"detail": str(exc.detail), "errors": exc.errors}
+    elif isinstance(exc, FieldErrors):
         response.data = {"detail": "invalid input", "errors": exc.errors}
     elif isinstance(exc, exceptions.ValidationError):
         response.data = {"detail": "invalid input", "errors": _flatten(exc.detail)}

@@ -18,7 +18,8 @@ router.register("runs", RunViewSet, basename="run")
 api = [
     path("auth/token/", TokenView.as_view(), name="api-token"),
     path("teams/", TeamListView.as_view(), name="api-teams"),
-    path("teams/<str:team>/quota/", TeamQuotaView.as_view(), name="api-team-quota"),
+    # A team id or slug; anything else (a NUL the database cannot compare, say) is a 404 like a missing team.
+    path("teams/<slug:team>/quota/", TeamQuotaView.as_view(), name="api-team-quota"),
     path("cluster/", ClusterView.as_view(), name="api-cluster"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from webapp.accounts.models import ApiToken, Membership, Team
 from webapp.api_errors import FieldErrors
+from webapp.parsers import API_PARSERS
 
 
 class TokenRequestSerializer(serializers.Serializer):
@@ -25,6 +26,7 @@ class TokenView(APIView):
     """POST {username, password} -> {token}; DELETE (with the token) revokes it."""
 
     permission_classes = [permissions.AllowAny]
+    parser_classes = API_PARSERS
     throttle_scope = "login"
     throttle_classes = [ScopedRateThrottle]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -20,9 +21,11 @@ from rest_framework.response import Response
 
 from earl_core.events import EVENT_TYPES
 from webapp.api_errors import Conflict, FieldErrors
+from webapp.parsers import API_PARSERS
 from webapp.runs.models import Run, RunEvent
-from webapp.runs.serializers import (CheckpointSerializer, CloneSerializer, GameSerializer, RunCreateSerializer,
-                                     RunSerializer, team_for, validated)
+from webapp.runs.serializers import (CheckpointSerializer, CloneSerializer, EventPageSerializer, GameSerializer,
+                                     MetricsSerializer, RunCreateSerializer, RunSerializer, team_for, unstorable_errors,
+                                     validated)
 from webapp.runs.services import StateConflict, membership, clone_run, request_cancel, submit_run, sync_checkpoints, visible_runs
 
 MAX_EVENTS_PAGE = 1000
@@ -48,7 +51,8 @@ def _int_param(request: Request, name: str, default: int, *, lo: int, hi: int) -
     except ValueError:
         value = None
     if value is None or not lo <= value <= hi:
-        raise FieldErrors([{"field": name, "message": f"{raw!r} is not an integer in range", "allowed": f"{lo}..{hi}"}])
+        raise FieldErrors([{"field": name, "message": f"{raw[:40]!r} is not an integer in range",
+                            "allowed": f"{lo}..{hi}"}])
     return value
 
 
@@ -56,6 +60,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     """Runs of the caller's teams; another team's run is a 404, exactly like a missing one."""
 
     serializer_class = RunSerializer
+    parser_classes = API_PARSERS
+    # Never used for data (get_queryset decides); it lets the schema say a run id is an integer.
+    queryset = Run.objects.none()
 
     def get_queryset(self) -> QuerySet[Run]:
         runs = visible_runs(self.request.user).select_related("team", "owner")
@@ -73,6 +80,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             runs = runs.filter(status__in=wanted)
         if params.get("search"):
             term = params["search"][:100]
+            if unstorable_errors(term, "search"):  # PostgreSQL cannot compare text holding NUL
+                raise FieldErrors(unstorable_errors(term, "search"))
             runs = runs.filter(Q(name__icontains=term) | Q(owner__username__icontains=term))
         return runs
 
@@ -119,7 +128,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         OpenApiParameter("after", int, description="only events with a higher seq"),
         OpenApiParameter("type", str, description="comma-separated event types"),
         OpenApiParameter("limit", int, description=f"1..{MAX_EVENTS_PAGE} (default 200)"),
-    ])
+    ], responses=EventPageSerializer)
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
@@ -137,7 +146,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         return Response({"events": page, "last_seq": run.last_seq,
                          "next_after": page[-1]["seq"] if page else after, "status": run.status})
 
-    @extend_schema(parameters=[OpenApiParameter("format", str, enum=["json", "csv"])])
+    @extend_schema(parameters=[OpenApiParameter("format", str, enum=["json", "csv"])],
+                   responses={(200, "application/json"): MetricsSerializer, (200, "text/csv"): OpenApiTypes.STR})
     @action(detail=True, methods=["get"], url_path="metrics",
             renderer_classes=[JSONRenderer, CSVRenderer, BrowsableAPIRenderer])
     def metrics(self, request: Request, pk: str | None = None) -> Response:
@@ -165,7 +175,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         return self.get_paginated_response(GameSerializer(page, many=True).data)
 
     @extend_schema(responses=CheckpointSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a run has few checkpoints: one plain list
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
         sync_checkpoints(run)
@@ -175,7 +185,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<iteration>\d+)/download")
     def download_checkpoint(self, request: Request, pk: str | None = None, iteration: str = "0") -> HttpResponse | Response:
         run = self.get_object()
-        ckpt = run.checkpoints.filter(iteration=int(iteration)).first()
+        # The route's \d+ also matches other scripts' digits and numbers too long for int(); neither names a checkpoint.
+        number = int(iteration) if iteration.isascii() and len(iteration) < 10 else None
+        ckpt = run.checkpoints.filter(iteration=number).first() if number is not None else None
         folder = Path(ckpt.path).resolve() if ckpt else None
         # Only files inside this run's own folder are ever served.
         if folder is None or not folder.is_dir() or not folder.is_relative_to(run.run_dir.resolve()):

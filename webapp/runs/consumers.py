@@ -66,7 +66,7 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         """Clients may ping; anything else gets an error frame, and the stream goes on."""
         try:
             message = json.loads(text_data) if text_data is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested deeper than the parser goes
             message = None
         if isinstance(message, dict) and message.get("type") == "ping":
             await self.send(text_data=json.dumps({"type": "pong", "last_seq": self.last_sent}))

@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from earl_core.config import config_errors
+from earl_core.config import FLOAT_MAX_BITS, config_errors
 from webapp.accounts.models import Membership, Team
 from webapp.api_errors import FieldErrors, config_field_errors
 from webapp.runs.models import Checkpoint, Game, Run
@@ -19,6 +19,8 @@ from webapp.scheduling.gang import SHAPES, resources_errors
 MAX_EXPECTED_S = 30 * 24 * 3600
 """A month: a longer estimate is a typo, and would make the run look like it never ends."""
 SERVICE_OWNED = {"output_dir": "set by the service (each run writes into its own folder)"}
+MAX_DEPTH = 16
+"""Levels of objects and lists a submitted value may nest (a config has 2)."""
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -46,6 +48,33 @@ class RunSerializer(serializers.ModelSerializer):
         return value if isinstance(value, int) else None
 
 
+def unstorable_errors(value: Any, field: str, *, depth: int = 0) -> list[dict[str, Any]]:
+    """Every place in a JSON value holding text with a NUL character, an integer beyond a float, or nesting deeper
+    than MAX_DEPTH.
+
+    No field accepts any of them, and the database (PostgreSQL stores no NUL), float arithmetic or Python's
+    recursion limit (a message quoting the value) would fail on them before any check could name the field.
+    """
+    if depth > MAX_DEPTH:
+        return [{"field": field, "message": f"nested deeper than {MAX_DEPTH} levels",
+                 "allowed": f"at most {MAX_DEPTH} levels of objects and lists"}]
+    if isinstance(value, str) and "\x00" in value:
+        return [{"field": field.replace("\x00", "\\u0000"), "message": "contains a NUL character",
+                 "allowed": "text without \\u0000"}]
+    if isinstance(value, int) and value.bit_length() > FLOAT_MAX_BITS:
+        return [{"field": field, "message": f"an integer of {value.bit_length()} bits is too large",
+                 "allowed": "a number below 1.8e308"}]
+    errors: list[dict[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            errors += (unstorable_errors(key, f"{field}.{key}")
+                       or unstorable_errors(item, f"{field}.{key}", depth=depth + 1))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            errors += unstorable_errors(item, f"{field}[{i}]", depth=depth + 1)
+    return errors
+
+
 def team_for(user: Any, value: Any) -> Team:
     """The team named by id or slug among the user's teams; a field error listing them otherwise."""
     mine = Team.objects.filter(memberships__user=user).distinct()
@@ -54,7 +83,7 @@ def team_for(user: Any, value: Any) -> Team:
         team = None
     elif isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdecimal()):
         team = mine.filter(pk=int(value)).first() if int(value) < 2**63 else None
-    elif isinstance(value, str):
+    elif isinstance(value, str) and "\x00" not in value:  # PostgreSQL cannot even compare text holding NUL
         team = mine.filter(slug=value).first()
     if team is None:
         allowed = ", ".join(f"{t.pk} ({t.slug})" for t in mine) or "none: you belong to no team"
@@ -90,7 +119,7 @@ def _allowed_model_path(path: str) -> bool:
     root = settings.EARL_MODELS_DIR.resolve()
     try:
         return Path(path).expanduser().resolve().is_relative_to(root)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL character in the path
         return False
 
 
@@ -109,7 +138,11 @@ class RunCreateSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         user = self.context["request"].user
-        errors: list[dict[str, Any]] = []
+        # Refused before anything else reads the values: they would fail the database or the arithmetic, not a check.
+        errors = [e for key, value in attrs.items() for e in unstorable_errors(value, key)]
+        if errors:
+            self.field_errors = errors
+            raise serializers.ValidationError({e["field"]: [e["message"]] for e in errors})
         name = attrs.get("name")
         if name is not None and not (isinstance(name, str) and 1 <= len(name.strip()) <= 100):
             errors.append({"field": "name", "message": f"invalid name {str(name)[:40]!r}", "allowed": "1-100 characters"})
@@ -172,6 +205,34 @@ class GameSerializer(serializers.ModelSerializer):
     class Meta:
         model = Game
         fields = ["id", "iteration", "index", "opponent", "agent_side", "result", "reward", "moves", "transcript"]
+
+
+class EventSerializer(serializers.Serializer):
+    """One stored event in the core's envelope (documents the events page; the view writes the dicts itself)."""
+
+    v = serializers.IntegerField()
+    run = serializers.IntegerField()
+    seq = serializers.IntegerField()
+    ts = serializers.CharField(help_text="ISO 8601, UTC")
+    type = serializers.CharField()
+    data = serializers.DictField()
+
+
+class EventPageSerializer(serializers.Serializer):
+    events = EventSerializer(many=True)
+    last_seq = serializers.IntegerField()
+    next_after = serializers.IntegerField(help_text="pass as ?after= for the next page")
+    status = serializers.CharField(help_text="the run's status now")
+
+
+class MetricsRowSerializer(serializers.Serializer):
+    iteration = serializers.IntegerField()
+    values = serializers.DictField(help_text="namespaced metric keys (losses/kl, rollout/win_rate, ...) -> values")
+
+
+class MetricsSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    metrics = MetricsRowSerializer(many=True)
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
