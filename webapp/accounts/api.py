@@ -8,10 +8,10 @@ from rest_framework import permissions, serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from webapp.accounts.models import ApiToken, Membership, Team
+from webapp.accounts.throttle import SCOPE, LoginRateThrottle
 from webapp.api_errors import FieldErrors
 from webapp.parsers import API_PARSERS
 
@@ -27,8 +27,8 @@ class TokenView(APIView):
 
     permission_classes = [permissions.AllowAny]
     parser_classes = API_PARSERS
-    throttle_scope = "login"
-    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = SCOPE
+    throttle_classes = [LoginRateThrottle]
 
     def get_permissions(self) -> list[permissions.BasePermission]:
         if self.request.method == "DELETE":

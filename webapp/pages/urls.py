@@ -6,10 +6,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from webapp.pages import assets, views
+from webapp.pages.signin import SignInView
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="login.html", redirect_authenticated_user=True),
-         name="login"),
+    path("login/", SignInView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.runs_page, name="runs"),
     path("runs/new/", views.new_run_page, name="run-new"),
