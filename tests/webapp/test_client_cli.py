@@ -51,6 +51,14 @@ def _in_server_process() -> None:
     from webapp.queue import _producer
 
     _producer.cache_clear()
+    # Nor asgiref's thread for database calls: a fork has no threads, so an executor whose thread ran in the parent
+    # (an earlier in-process websocket test) would queue every database call of the server forever.
+    import weakref
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import SyncToAsync
+    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
+    SyncToAsync.context_to_thread_executor = weakref.WeakKeyDictionary()
 
 
 def start_server(port: int = 0) -> DaphneProcess:
@@ -354,7 +362,8 @@ def test_follow_resumes_after_the_service_restarts(
     try:
         follow = InBackground("runs", "events", alice_run, "--follow", "--json")
         wait_until(lambda: viewers(redis_url, alice_run) >= 1, "the follower's websocket")
-        stop_server(server)  # the connection drops; a killed server leaves its group entry behind
+        server.kill()  # SIGKILL: the connection drops; a killed server leaves its group entry behind
+        server.join(10)
         emit(alice_run, RunStatus("starting"), RunStatus("running"))  # seq 2-3 while nobody serves
         server = start_server(port)
         wait_until(lambda: viewers(redis_url, alice_run) >= 2, "the follower to reconnect")

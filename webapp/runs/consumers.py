@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -18,7 +19,14 @@ from webapp.runs.services import visible_runs
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+# Not final: the channel layer (Redis) is unreachable; clients reconnect with backoff and catch up by seq.
+CLOSE_TRY_AGAIN = 1011
 BACKLOG_CHUNK = 500
+# How often a socket renews its group membership and sends what the database holds beyond its last seq. A Redis
+# restart forgets every group and may drop live messages; this bounds how long a viewer can miss events.
+REJOIN_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class RunEventsConsumer(AsyncWebsocketConsumer):
@@ -45,22 +53,49 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
             return
         self.run_id = run_id
         self.last_sent = after
-        await self.channel_layer.group_add(run_group(run_id), self.channel_name)
+        if not await self._join():
+            await self.accept()
+            await self.close(code=CLOSE_TRY_AGAIN)
+            return
         await self.accept()
         # The backlog may be long (a slow browser reading 40k events): send it from a task so the connect handler
         # returns and the consumer keeps reading its channel; the lock keeps backlog and live events in order.
         self.order = asyncio.Lock()
         self.backlog = asyncio.create_task(self._send_backlog())
+        self.rejoin = asyncio.create_task(self._keep_joined())
+
+    async def _join(self) -> bool:
+        try:
+            await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
+            return True
+        except Exception:  # Redis down or restarting: the client retries and catches up from the database
+            log.warning("run %s: could not join the live group", self.run_id, exc_info=True)
+            return False
 
     async def _send_backlog(self) -> None:
         async with self.order:
             await self._send_stored(upto=None)
 
+    async def _keep_joined(self) -> None:
+        """Renew the group membership (a restarted Redis forgot it) and send what the database holds beyond the
+        last seq sent (live messages lost meanwhile); close for a reconnect while the channel layer is gone."""
+        while True:
+            await asyncio.sleep(REJOIN_S)
+            if not await self._join():
+                await self.close(code=CLOSE_TRY_AGAIN)
+                return
+            async with self.order:
+                await self._send_stored(upto=None)
+
     async def disconnect(self, code: int) -> None:
-        if getattr(self, "backlog", None) is not None:
-            self.backlog.cancel()
+        for task in (getattr(self, "backlog", None), getattr(self, "rejoin", None)):
+            if task is not None:
+                task.cancel()
         if self.run_id is not None:
-            await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+            try:
+                await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+            except Exception:  # the membership expires on its own; a dead Redis must not fail the disconnect
+                log.warning("run %s: could not leave the live group", self.run_id, exc_info=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Clients may ping; anything else gets an error frame, and the stream goes on."""
