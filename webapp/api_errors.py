@@ -86,3 +86,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, exceptions.APIException):
         response.data = {"detail": str(exc.detail) if not isinstance(exc.detail, (dict, list)) else exc.detail}
     return response
+
+
+def not_found(request: Any, exception: Exception | None = None) -> Any:
+    """404 for a URL nothing serves: JSON under /api/ (clients parse it like any other error), else the page."""
+    if request.path.startswith("/api/"):
+        from django.http import JsonResponse
+
+        return JsonResponse({"detail": f"no API endpoint at {request.path[:200]}; see /api/schema/", "errors": []},
+                            status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

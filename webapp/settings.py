@@ -128,6 +128,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "webapp.api_errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"login": env_str("EARL_LOGIN_RATE", "20/min")},
+    # JSON nested past Python's parser is a 400 on every view (DRF's own JSON parser lets RecursionError out).
+    "DEFAULT_PARSER_CLASSES": ["webapp.parsers.JSONBodyParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
+    # Throttles count by the address the server saw (webapp.accounts.throttle); never trust client-written hops.
+    "NUM_PROXIES": 0,
 }
 
 SPECTACULAR_SETTINGS = {

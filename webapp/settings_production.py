@@ -6,7 +6,7 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
-from webapp.env import env_bool, env_int, env_list
+from webapp.env import env_bool, env_int, env_list, env_str
 from webapp.settings import *  # noqa: F403 (Django's documented way to layer settings)
 from webapp.settings import _DEV_SECRET  # the star import skips private names
 
@@ -52,3 +52,8 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SECURE = True
 # The pages take the CSRF token from a <meta> tag (static/js/api.js), so scripts never need the cookie.
 CSRF_COOKIE_HTTPONLY = True
+
+# One cache for every web process (sign-in throttle counts, among others): the default in-memory cache would count
+# per process and forget at each restart. EARL_CACHE_URL defaults to Redis database 1 of REDIS_URL's server.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                      "LOCATION": env_str("EARL_CACHE_URL", REDIS_URL.rsplit("/", 1)[0] + "/1")}}

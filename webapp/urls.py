@@ -31,3 +31,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("webapp.pages.urls")),
 ]
+
+handler404 = "webapp.api_errors.not_found"

@@ -37,6 +37,17 @@ def redis_url() -> Iterator[str]:
         local.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fast_passwords() -> None:
+    """A cheap password hash for the people tests create (the real one costs 0.25 s each). Set for the session,
+    before any test server is forked, so servers check passwords the same way."""
+    from django.contrib.auth.hashers import get_hashers, get_hashers_by_algorithm
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    get_hashers.cache_clear()
+    get_hashers_by_algorithm.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def runs_dir(tmp_path: Any, settings: Any) -> Any:
     settings.EARL_RUNS_DIR = tmp_path / "runs"

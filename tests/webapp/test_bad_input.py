@@ -221,3 +221,10 @@ def test_paths_that_were_500s_are_404s(as_member: APIClient, alice: Any, ants: A
     run = Run.objects.create(team=ants, owner=alice, name="r", config=TINY_CONFIG)
     assert as_member.get(f"/api/runs/{run.pk}/checkpoints/{'9' * 5000}/download/").status_code == 404
     assert as_member.get("/api/teams/a%00b/quota/").status_code == 404
+
+
+def test_a_url_no_api_endpoint_serves_is_a_json_404(as_alice: Any, client: Any) -> None:
+    answer = as_alice.get("/api/no-such-thing/")
+    assert answer.status_code == 404 and answer["Content-Type"] == "application/json"
+    assert "no API endpoint at /api/no-such-thing/" in answer.json()["detail"]
+    assert client.get("/no-such-page/").status_code == 404  # pages keep Django's own 404 page

@@ -107,3 +107,18 @@ async def test_cluster_socket_needs_auth_and_sends_a_snapshot(alice_run: int, al
     assert [(r["id"], r["status"]) for r in frame["data"]["running"]] == [(alice_run, "admitted")]
     assert frame["data"]["queue"] == [] and "usage" in frame["data"]
     await comm.disconnect()
+
+
+async def test_cluster_snapshot_requests_are_coalesced(alice_run: int, alice: Any) -> None:
+    """A client asking for snapshots in a loop gets one per interval: each asks the database and Ray's dashboard."""
+    from webapp.cluster.consumers import MIN_INTERVAL_S
+
+    comm = _connect("/ws/cluster/", await sync_to_async(_key)(alice))
+    assert (await comm.connect(timeout=5))[0]
+    assert json.loads(await comm.receive_from(timeout=5))["type"] == "cluster.snapshot"
+    for _ in range(20):
+        await comm.send_to(text_data="refresh")
+    frame = json.loads(await comm.receive_from(timeout=MIN_INTERVAL_S + 5))  # one, at the end of the interval
+    assert frame["type"] == "cluster.snapshot"
+    assert await comm.receive_nothing(timeout=MIN_INTERVAL_S + 0.5)
+    await comm.disconnect()

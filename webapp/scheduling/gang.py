@@ -98,7 +98,7 @@ def _bundle(raw: Any, where: str) -> tuple[Resources, list[SchedulingError]]:
         top, allowed = _LIMITS[key]
         whole = key == "gpus"
         kind_ok = isinstance(number, int) if whole else isinstance(number, (int, float))
-        if isinstance(number, bool) or not kind_ok or not math.isfinite(number) or not 0 <= number <= top:
+        if isinstance(number, bool) or not kind_ok or not 0 <= number <= top or not math.isfinite(number):
             errors.append(SchedulingError(f"{where}.{key}", f"got {str(number)[:40]!r}", allowed=allowed))
     if errors:
         return Resources.nothing(), errors
