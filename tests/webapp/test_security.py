@@ -204,5 +204,5 @@ def test_links_inside_a_checkpoint_are_left_out_of_the_zip(as_alice: APIClient, 
     (folder / "leak_dir").symlink_to(tmp_path, target_is_directory=True)
     Checkpoint.objects.create(run=run, iteration=1, path=str(folder))
     got = _download(as_alice, run, 1)
-    names = zipfile.ZipFile(io.BytesIO(got.content)).namelist()
+    names = zipfile.ZipFile(io.BytesIO(b"".join(got))).namelist()  # a streamed response
     assert sorted(names) == ["iter_000001/earl_state.json", "iter_000001/model.safetensors"]

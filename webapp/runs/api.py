@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from django.db.models import Q, QuerySet
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -27,6 +26,7 @@ from webapp.runs.serializers import (CheckpointSerializer, CloneSerializer, Even
                                      MetricsSerializer, RunCreateSerializer, RunSerializer, team_for, unstorable_errors,
                                      validated)
 from webapp.runs.services import StateConflict, membership, clone_run, request_cancel, submit_run, sync_checkpoints, visible_runs
+from webapp.runs.zipstream import zip_chunks_async
 
 MAX_EVENTS_PAGE = 1000
 
@@ -192,15 +192,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         # Only files inside this run's own folder are ever served.
         if folder is None or not folder.is_dir() or not folder.is_relative_to(run.run_dir.resolve()):
             return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
-        response = HttpResponse(_zip_folder(folder), content_type="application/zip")
+        response = StreamingHttpResponse(zip_chunks_async(folder), content_type="application/zip")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{folder.name}.zip"'
         return response
-
-
-def _zip_folder(folder: Path) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for f in sorted(folder.rglob("*")):
-            if f.is_file() and not f.is_symlink():
-                zf.write(f, f"{folder.name}/{f.relative_to(folder)}")
-    return buf.getvalue()
