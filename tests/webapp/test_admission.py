@@ -333,3 +333,19 @@ def test_an_unreadable_cluster_falls_back_to_the_nodes_last_read(
         result = admission_pass(now=NOW, nodes=None, enqueue=handed.append)
     assert result.capacity_known and handed == [runs[0].pk]  # not the whole queue
     assert Run.objects.get(pk=runs[1].pk).queue["reason"] == "capacity"
+
+
+def test_max_queued_counts_only_runs_still_waiting(ants: Team, alice: Any,
+                                                    django_capture_on_commit_callbacks: Any) -> None:
+    """An admitted run (a worker is about to claim it) no longer waits: it does not fill the team's queue."""
+    from webapp.scheduling.gang import sizing_config
+    from webapp.scheduling.resources import SchedulingError
+    from webapp.scheduling.submission import check_submission
+
+    Quota.objects.create(team=ants, max_queued=1)
+    admitted = queue(ants, alice, cpus=1)
+    assert run_pass(django_capture_on_commit_callbacks, cluster=nodes(1)).admitted == (admitted.pk,)
+    check_submission(ants, resources={}, config=sizing_config(TINY_CONFIG), nodes=None)  # room for one waiting run
+    queue(ants, alice, cpus=1)  # waits: the one CPU is held
+    with pytest.raises(SchedulingError, match="already has 1 queued runs"):
+        check_submission(ants, resources={}, config=sizing_config(TINY_CONFIG), nodes=None)

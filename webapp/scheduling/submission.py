@@ -9,7 +9,7 @@ from earl_core.config import RunConfig
 from webapp.accounts.models import Team
 from webapp.runs.models import Run
 from webapp.scheduling.gang import is_single_bundle, requested_gang, resources_errors
-from webapp.scheduling.models import quota_of
+from webapp.scheduling.models import Allocation, quota_of
 from webapp.scheduling.resources import Node, Resources, SchedulingError, amount
 from webapp.scheduling.workload import Refusal, RunRequest, refusal
 
@@ -54,7 +54,9 @@ def check_submission(team: Team, *, resources: Mapping[str, Any], config: RunCon
         # A stand-in cluster exactly the size of the request passes every cluster check (each bundle fits, the
         # total fits, and the whole gang packs onto one node of its own sum), so only the team's limits can refuse.
         nodes = (Node.idle("unknown", request.total),)
-    queued = Run.objects.filter(team=team, status=Run.Status.QUEUED).count()
+    # Waiting runs: admitted ones (an open allocation, a worker about to claim them) no longer wait.
+    admitted = Allocation.objects.filter(team=team, ended_at__isnull=True).values("run_id")
+    queued = Run.objects.filter(team=team, status=Run.Status.QUEUED).exclude(pk__in=admitted).count()
     found = refusal(request, nodes, quota=quota_of(team), queued_count=queued)
     if found is not None:
         raise SchedulingError(request_field(found.field, single=is_single_bundle(resources)), found.message,
