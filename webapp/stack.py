@@ -74,6 +74,8 @@ class Stack:
     def start_ray_head(self, *, port: int = 6380, dashboard_port: int = 8265, num_cpus: int | None = None) -> str:
         """A Ray head on loopback (auth off, as for any local cluster); sets RAY_ADDRESS and RAY_DASHBOARD_URL."""
         self.env["RAY_AUTH_MODE"] = "disabled"
+        # Draining on SIGTERM is for Ray Serve replicas (none here); it would hold every stop for 30 s.
+        self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         argv = [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
                 "--disable-usage-stats"]

@@ -16,7 +16,7 @@ from earl_core.loop import RunSummary, latest_checkpoint, train
 from webapp.runs.leases import LeaseLost, holds, new_lease
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Run
-from webapp.runs.services import (core_config, requeue_preempted, store_events, store_status_event,
+from webapp.runs.services import (core_config, requeue_preempted, storable, store_events, store_status_event,
                                   sync_checkpoints)
 from webapp.scheduling.admission import close_allocation, request_admission
 from webapp.scheduling.models import Allocation
@@ -138,7 +138,7 @@ def _finish(run_id: int, summary: RunSummary | None, error: BaseException | None
                 run.iterations_done = summary.iterations_done
             else:
                 run.status = Run.Status.FAILED
-                run.error = (str(error) or type(error).__name__)[:10_000]
+                run.error = storable((str(error) or type(error).__name__)[:10_000])
             run.finished_at = run.finished_at or timezone.now()
             run.preempt_requested = False
             run.save(update_fields=["status", "summary", "iterations_done", "error", "finished_at",

@@ -267,3 +267,16 @@ def test_schema_and_docs_are_served(as_alice: APIClient) -> None:
     assert "/api/runs/{id}/cancel/" in paths and "/api/auth/token/" in paths
     docs = as_alice.get("/api/docs/").content.decode()
     assert "cdn." not in docs and "sidecar" in docs  # served offline
+
+
+def test_events_holding_nul_characters_are_stored_on_every_database(as_alice: APIClient) -> None:
+    """An untrained model's answer may hold U+0000, which PostgreSQL text cannot: stored (and relayed) as U+FFFD."""
+    run_id = as_alice.post("/api/runs/", {"team": "ants", "config": TINY_CONFIG}, format="json").json()["id"]
+    move = {"v": 1, "run": run_id, "seq": 2, "ts": "2026-12-04T12:00:00Z", "type": "game.move",
+            "data": {"iteration": 0, "game": 0, "ply": 1, "column": 4, "by": "agent", "answer": "col\x00umn 4",
+                     "notes": ["a\x00b"]}}
+    stored = store_events(run_id, [move])
+    assert stored[0]["data"]["answer"] == "col\ufffdumn 4" and stored[0]["data"]["notes"] == ["a\ufffdb"]
+    event = RunEvent.objects.get(run_id=run_id, seq=2)
+    assert event.data["answer"] == "col\ufffdumn 4"
+    assert Run.objects.get(pk=run_id).games.get().transcript[0]["answer"] == "col\ufffdumn 4"

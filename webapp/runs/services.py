@@ -126,7 +126,7 @@ def store_events(run_id: int, envelopes: list[dict[str, Any]], *, lease: str | N
         run = Run.objects.select_for_update().get(pk=run_id)
         if not holds(run, lease):
             raise LeaseLost(run_id)
-        fresh = [e for e in envelopes if e["seq"] > run.last_seq]
+        fresh = [{**e, "data": storable(e["data"])} for e in envelopes if e["seq"] > run.last_seq]
         if not fresh:
             return []
         RunEvent.objects.bulk_create([
@@ -139,6 +139,18 @@ def store_events(run_id: int, envelopes: list[dict[str, Any]], *, lease: str | N
         run.save(update_fields=sorted(fields))
         _store_games(run, fresh)
     return fresh
+
+
+def storable(value: Any) -> Any:
+    """The value with every NUL character (U+0000) replaced by U+FFFD: PostgreSQL's text and jsonb cannot hold one,
+    and a model's raw answer may contain it (an untrained policy writes any token). Live viewers get the same text."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
 
 
 def _apply(run: Run, envelope: dict[str, Any]) -> set[str]:
