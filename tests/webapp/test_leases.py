@@ -4,7 +4,7 @@ reason after too many recoveries; the lost worker, if it still lives, can write 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
 
@@ -38,9 +38,12 @@ def checkpoint(run: Run, iteration: int) -> None:
     (folder / "earl_state.json").write_text("{}")
 
 
-def recover(captured: Any, after_s: float) -> list[Any]:
+def recover(captured: Any, after_s: float, *, since: datetime = NOW) -> list[Any]:
+    """What `manage.py schedule` does `after_s` past `since`: recover lost runs, then an admission pass."""
     with captured(execute=False):  # nothing goes to a broker or a channel layer here
-        return recover_lost_runs(NOW + timedelta(seconds=after_s))
+        done = recover_lost_runs(since + timedelta(seconds=after_s))
+    run_pass(captured, at=since + timedelta(seconds=after_s))
+    return done
 
 
 def test_a_run_whose_worker_went_silent_is_requeued_to_resume_from_its_checkpoint(
@@ -55,7 +58,7 @@ def test_a_run_whose_worker_went_silent_is_requeued_to_resume_from_its_checkpoin
     run.refresh_from_db()
     assert run.status == "queued" and run.lease == "" and run.heartbeat_at is None and run.recoveries == 1
     assert run.iterations_done == 4  # iteration 4 and later are trained again from the checkpoint
-    # Queued again, it was admitted again at once (the recovery runs a pass) like any waiting run.
+    # Queued again, the next pass admitted it again like any waiting run.
     assert list(run.allocations.order_by("id").values_list("end", flat=True)) == ["lost", ""]
     last = RunEvent.objects.filter(run=run).order_by("seq").last()
     assert last.data["status"] == "queued"
@@ -108,7 +111,8 @@ def test_the_lost_worker_can_write_nothing_more(ants: Team, alice: Any, runs_dir
 
     run = held(ants, alice, django_capture_on_commit_callbacks, lease="old")
     assert renew(run.pk, "old")
-    recover(django_capture_on_commit_callbacks, after_s=3600)  # renew() stamped the real clock; an hour is stale
+    # renew() stamped the real clock: an hour after it the lease is stale
+    recover(django_capture_on_commit_callbacks, after_s=3600, since=timezone.now())
     assert not renew(run.pk, "old")
     seq = Run.objects.get(pk=run.pk).last_seq
     late = {"v": 1, "run": run.pk, "seq": seq + 1, "ts": "2026-12-04T12:00:00Z", "type": "log",

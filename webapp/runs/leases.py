@@ -24,7 +24,7 @@ from django.utils import timezone
 from earl_core.checkpoints import complete_checkpoints
 from webapp.runs.live import publish_cluster_change, publish_events
 from webapp.runs.models import Run
-from webapp.scheduling.admission import close_allocation, request_admission
+from webapp.scheduling.admission import close_allocation
 from webapp.scheduling.models import Allocation
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class Recovery:
 
 
 def recover_lost_runs(now: datetime | None = None) -> list[Recovery]:
-    """Requeue or end every held run whose worker stopped renewing its lease; returns what was done."""
+    """Requeue or end every held run whose worker stopped renewing its lease; returns what was done. The caller
+    (`manage.py schedule`) runs an admission pass next, which admits the requeued runs again."""
     now = now or timezone.now()
     stale = now - timedelta(seconds=settings.EARL_LEASE_S)
     # A claimed run always has a heartbeat; rows claimed before leases existed fall back to their start.
@@ -77,8 +78,6 @@ def recover_lost_runs(now: datetime | None = None) -> list[Recovery]:
             publish_cluster_change()
         except Exception:
             log.warning("could not publish a cluster change", exc_info=True)
-        if any(r.action == "requeued" for r in done):
-            request_admission()
     return done
 
 
