@@ -16,7 +16,7 @@ event (on a GPU it would have been an out-of-memory failure). Reported per conte
 learner tokens per second per worker, over-budget events, time spent switching and profiling.
 
 The rollout stage (vLLM engine layouts) has its own bench on the same workload: rollout_selector_bench.py.
-Not covered (issue 4): FSDP.
+Not covered: FSDP layouts (static only; bench/fsdp_bench.py measures them).
 
     .venv/bin/python bench/selector_bench.py [--contexts 512,1024,2048,4096,8192] [--workers 2] [--budget-gib 1.5]
 """

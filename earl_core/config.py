@@ -242,6 +242,11 @@ class ParallelismConfig:
     checkpointing: bool = False
     """Static mode: activation checkpointing in the train stage (less memory, one more forward pass). Auto
     mode profiles both and chooses."""
+    train_fsdp: bool = False
+    """Static mode: shard the trained model's parameters, gradients and optimizer state over the trainer's
+    data-parallel ranks with FSDP2 (each rank stores 1/trainer_workers of them; parameters are gathered layer by
+    layer as they are used). Needs trainer_workers >= 2 and train_tp = 1; the selector (auto mode) does not
+    profile it yet."""
 
     def __post_init__(self) -> None:
         _check_choice("parallelism.mode", self.mode, ("static", "auto"))
@@ -255,6 +260,15 @@ class ParallelismConfig:
         if not isinstance(self.checkpointing, bool):
             raise ConfigError("parallelism.checkpointing", f"must be true or false, got {self.checkpointing!r}",
                               allowed="true, false")
+        if not isinstance(self.train_fsdp, bool):
+            raise ConfigError("parallelism.train_fsdp", f"must be true or false, got {self.train_fsdp!r}",
+                              allowed="true, false")
+        if self.train_fsdp and self.mode != "static":
+            raise ConfigError("parallelism.train_fsdp", "FSDP is a static layout: the selector does not profile it yet",
+                              allowed="false, or parallelism.mode=static")
+        if self.train_fsdp and self.train_tp != 1:
+            raise ConfigError("parallelism.train_fsdp", f"FSDP runs with train_tp=1 (got {self.train_tp})",
+                              allowed="false, or parallelism.train_tp=1")
 
     @property
     def micro_batch_list(self) -> list[int]:
@@ -335,6 +349,9 @@ class RunConfig:
             raise ConfigError("parallelism.train_tp", f"{self.parallelism.train_tp} does not divide trainer_workers="
                               f"{self.trainer_workers}",
                               allowed=[d for d in range(1, self.trainer_workers + 1) if self.trainer_workers % d == 0])
+        if self.parallelism.train_fsdp and self.trainer_workers < 2:
+            raise ConfigError("parallelism.train_fsdp", "FSDP shards over data-parallel ranks: one trainer worker has "
+                              "nothing to shard over", allowed="false, or trainer_workers >= 2")
         if self.rollout.workers % self.parallelism.rollout_tp:
             raise ConfigError("parallelism.rollout_tp", f"{self.parallelism.rollout_tp} does not divide rollout.workers="
                               f"{self.rollout.workers}",

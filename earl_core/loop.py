@@ -192,7 +192,8 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
                               f"{cfg.rollout.workers}", allowed=rollout_tps)
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
-                               num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp)
+                               num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp,
+                               fsdp=cfg.parallelism.train_fsdp)
         cleanup.callback(trainer.close)
         if checkpoint is not None:
             trainer.load_optimizer(str(checkpoint))

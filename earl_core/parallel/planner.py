@@ -51,7 +51,8 @@ class LayoutPlanner:
         # Auto mode has no layout until its first decision; static mode runs the configured one throughout.
         self.current: dict[str, Layout] = {} if cfg.mode == "auto" else {
             s: Layout(s, tp=self.tp, dp=workers // self.tp, micro_batch=default_micro_batch,
-                      checkpointing=cfg.checkpointing and s == "train")
+                      checkpointing=cfg.checkpointing and s == "train",
+                      shard="fsdp" if cfg.train_fsdp and s == "train" else "none")
             for s in LEARNER_STAGES}
         self.memory = {s: MemoryModel(shape) for s in LEARNER_STAGES}
         self.samples: dict[str, list[tuple[Layout, Work, int]]] = {s: [] for s in LEARNER_STAGES}
@@ -77,7 +78,8 @@ class LayoutPlanner:
                 if self.shape.kv_heads % tp == 0 and self.shape.intermediate % tp == 0]
 
     def candidates(self, stage: str, tp: int | None = None) -> list[Layout]:
-        """Layouts the trainer can run (no FSDP yet), of one TP degree or of all it may run."""
+        """Layouts auto mode chooses among, of one TP degree or of all it may run (FSDP is a static choice only:
+        parallelism.train_fsdp; profiling it would need a second split per TP degree)."""
         every = candidate_layouts(stage, self.workers, heads=self.shape.heads, kv_heads=self.shape.kv_heads,
                                   micro_batches=tuple(self.cfg.micro_batch_list))
         tps = self.tp_options() if tp is None else [tp]
@@ -104,7 +106,8 @@ class LayoutPlanner:
                 self.emit(ev.SelectorDecision(stage=stage, old_layout=None, new_layout=layout.to_dict(),
                                               reason="static: parallelism.mode=static, micro-batch from algo.micro_batch, "
                                                      "checkpointing from parallelism.checkpointing, "
-                                                     "TP from parallelism.train_tp",
+                                                     "TP from parallelism.train_tp, "
+                                                     "sharding from parallelism.train_fsdp",
                                               switched=False, candidates=[]))
             return
         started = time.perf_counter()

@@ -199,14 +199,19 @@ def _step_metrics(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TrainerGroup:
-    """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks."""
+    """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks,
+    or (``fsdp``, TP=1) data-parallel ranks that each store 1/workers of the training state."""
 
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
-                 temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0, tp: int = 1) -> None:
+                 temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0, tp: int = 1,
+                 fsdp: bool = False) -> None:
         if tp < 1 or workers % tp:
             raise ValueError(f"{workers} trainer workers cannot form tensor-parallel groups of {tp}")
+        if fsdp and (tp != 1 or workers < 2):
+            raise ValueError(f"FSDP needs TP=1 and at least 2 trainer workers (tp={tp}, workers={workers})")
         self.tp = tp
         self.dp = workers // tp
+        self.fsdp = fsdp
         self.gang = Gang("trainer workers", workers, cpus=num_cpus, gpus=num_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
         self.actors = [actor.options(scheduling_strategy=self.gang.slot(r)).remote(rank=r, world_size=workers)
@@ -214,7 +219,7 @@ class TrainerGroup:
         try:
             master = ray.get(self.actors[0].rendezvous.remote()) if workers > 1 else None
             ray.get([a.setup.remote(model_dir, algo=algo, reference_dir=reference_dir, seed=seed, master=master,
-                                    temperature=temperature, tp=tp)
+                                    temperature=temperature, tp=tp, fsdp=fsdp)
                      for a in self.actors])
         except BaseException:
             self.close()
@@ -227,8 +232,9 @@ class TrainerGroup:
 
     @property
     def _lead(self) -> list[Any]:
-        """The first TP group: gathers full weights (a collective among its ranks), rank 0 publishes/writes."""
-        return self.actors[: self.tp]
+        """The first TP group (under FSDP: every rank, each holding a shard): gathers full weights (a collective
+        among its ranks), rank 0 publishes/writes."""
+        return list(self.actors) if self.fsdp else self.actors[: self.tp]
 
     def nodes(self) -> list[str]:
         """Ray node id of each rank."""
@@ -286,6 +292,7 @@ class TrainerGroup:
             raise ValueError(f"{len(self.actors)} trainer workers cannot form tensor-parallel groups of {tp}")
         seconds = max(ray.get([a.relayout.remote(tp) for a in self.actors]))
         self.tp, self.dp = tp, len(self.actors) // tp
+        self.fsdp = self.fsdp and tp == 1
         return seconds
 
     def local_parameters(self) -> list[int]:

@@ -185,6 +185,8 @@ class TrainerWorker:
         self.learner: Learner | None = None
         self._received: tuple[list[dict[str, Any]], list[float]] = ([], [])
         self._dp_group: Any = None
+        self._dp_mesh: Any = None
+        self.fsdp = False
         self.device = "cpu"
 
     def node(self) -> str:
@@ -198,7 +200,7 @@ class TrainerWorker:
             return ip, int(s.getsockname()[1])
 
     def setup(self, model_dir: str, *, algo: dict[str, Any], reference_dir: str | None, seed: int,
-              master: tuple[str, int] | None, temperature: float = 1.0, tp: int = 1) -> str:
+              master: tuple[str, int] | None, temperature: float = 1.0, tp: int = 1, fsdp: bool = False) -> str:
         # Ray caps actor threads at 1 by default; use the CPUs this actor reserved.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))
@@ -211,15 +213,18 @@ class TrainerWorker:
                                     world_size=self.world_size, timeout=timedelta(minutes=10))
             self.device = device
             tp_mesh = self._mesh(tp)
+        self.fsdp = fsdp and self._dp_mesh is not None
         self.learner = Learner(model_dir, algo=AlgoConfig(**algo), reference_dir=reference_dir, seed=seed,
-                               temperature=temperature, reduce=self._all_reduce, tp_mesh=tp_mesh)
+                               temperature=temperature, reduce=self._all_reduce, tp_mesh=tp_mesh,
+                               dp_mesh=self._dp_mesh, fsdp=self.fsdp)
         return self.name
 
     def _mesh(self, tp: int) -> Any:
         """(dp, tp) mesh over the whole group; sets the DP group and returns the TP mesh (None for tp=1)."""
         # Rank = dp_index * tp + tp_index: the ranks of one TP group are neighbours (one node, when packed).
         mesh = init_device_mesh(self.device, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
-        self._dp_group = mesh["dp"].get_group() if self.world_size // tp > 1 else None
+        self._dp_mesh = mesh["dp"] if self.world_size // tp > 1 else None
+        self._dp_group = self._dp_mesh.get_group() if self._dp_mesh is not None else None
         return mesh["tp"] if tp > 1 else None
 
     def relayout(self, tp: int) -> float:
@@ -229,7 +234,9 @@ class TrainerWorker:
             return 0.0
         start = time.perf_counter()
         # The old shards carry their own mesh, so the gather inside relayout still runs on the old TP group.
-        self.learner.relayout(self._mesh(tp))
+        tp_mesh = self._mesh(tp)
+        self.fsdp = self.fsdp and tp == 1  # FSDP x TP is not built: a TP split leaves the sharding
+        self.learner.relayout(tp_mesh, dp_mesh=self._dp_mesh, fsdp=self.fsdp)
         return time.perf_counter() - start
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:

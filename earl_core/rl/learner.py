@@ -2,7 +2,9 @@
 
 Plain PyTorch on one process. Data parallelism is a `reduce` hook (sum across ranks) that the Ray trainer
 worker fills with torch.distributed; with the default identity it trains alone. Tensor parallelism splits the
-model across a `tp_mesh` with torch.distributed.tensor.parallel (earl_core.parallel.tensor_parallel).
+model across a `tp_mesh` with torch.distributed.tensor.parallel (earl_core.parallel.tensor_parallel). With a
+`dp_mesh` and ``fsdp=True`` the trained model is sharded over the data-parallel ranks with FSDP2
+(`torch.distributed.fsdp.fully_shard`): each rank stores 1/DP of the parameters, gradients and Adam moments.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from earl_core.checkpoints import STATE_FILE, fsync_dir, fsync_tree
@@ -40,6 +44,13 @@ def _enable_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _check_fsdp(fsdp: bool, dp_mesh: DeviceMesh | None, tp_mesh: DeviceMesh | None) -> bool:
+    """Whether FSDP is on: asked for, with more than one data-parallel rank and no TP split."""
+    if fsdp and tp_mesh is not None:
+        raise ValueError("FSDP sharding runs with TP=1 only (2-D FSDP x TP is not built)")
+    return bool(fsdp and dp_mesh is not None)
+
+
 class Learner:
     """Holds the trained policy, its optimiser and (when KL is on) a frozen reference copy."""
 
@@ -53,19 +64,23 @@ class Learner:
         temperature: float = 1.0,
         reduce: Reduce = _identity,
         tp_mesh: DeviceMesh | None = None,
+        dp_mesh: DeviceMesh | None = None,
+        fsdp: bool = False,
     ) -> None:
         torch.manual_seed(seed)
         # Tensor parallelism: the model (and the reference) split across the ranks of `tp_mesh`, which all
         # see the same data; `reduce` then sums over data-parallel peers only.
         self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        # FSDP over the data-parallel ranks (TP=1 only: 2-D FSDP x TP is not built). Off with one rank.
+        self.dp_mesh = dp_mesh if dp_mesh is not None and dp_mesh.size() > 1 else None
+        self.fsdp = _check_fsdp(fsdp, self.dp_mesh, self.tp_mesh)
         # Rollouts sample from softmax(logits / T); the ratio must compare the same distribution.
         self.temperature = temperature
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.algo = algo
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        if self.tp_mesh is not None:
-            shard_model(self.model, self.tp_mesh)
+        self._split(self.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model.train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
@@ -95,10 +110,32 @@ class Learner:
     def _fill(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the whole batch under `model`, computed micro-batch by micro-batch."""
         out = torch.zeros_like(batch.action_mask)
-        for idx in micro_batch_indices(batch, self.experience_micro_batch):
+        chunks = list(micro_batch_indices(batch, self.experience_micro_batch))
+        idle = self._lockstep(len(chunks)) - len(chunks) if model is self.model else 0
+        for idx in chunks:
             lp = self._logprobs(model, batch.slice(idx)).cpu()
             out[idx, : lp.shape[1]] = lp
+        for _ in range(idle):
+            self._idle_pass(backward=False)
         return out
+
+    def _lockstep(self, count: int) -> int:
+        """Under FSDP every forward pass is a collective (its parameters are all-gathered), so the ranks must run
+        as many passes as the rank with the most micro-batches: the agreed count. Otherwise ``count``. Called
+        before the first pass (a collective of its own, it must not interleave with theirs)."""
+        if not self.fsdp:
+            return count
+        agreed = torch.tensor([count], dtype=torch.long)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_mesh.get_group())
+        return int(agreed.item())
+
+    def _idle_pass(self, *, backward: bool) -> None:
+        """A pass over one pad token that adds nothing: keeps this rank in step with its FSDP peers."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        with torch.set_grad_enabled(backward):
+            logits = self.model(input_ids=ids).logits
+            if backward:
+                (logits.sum() * 0.0).backward()
 
     # ---- RL -----------------------------------------------------------------------------------------
     def prepare(self, records: Sequence[dict[str, Any]], advantages: Sequence[float] | torch.Tensor) -> TrainBatch:
@@ -119,9 +156,11 @@ class Learner:
         for _ in range(self.algo.epochs):
             sums = torch.zeros(5, dtype=torch.float64)  # policy, kl, clipped, ratio, tokens
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(batch, self.train_micro_batch):
+            chunks = list(micro_batches(batch, self.train_micro_batch))
+            idle = self._lockstep(len(chunks)) - len(chunks)
+            for mb in chunks:
                 mask = mb.action_mask.to(self.device)
-                if float(mask.sum()) == 0:
+                if float(mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
                     continue
                 logp = self._logprobs(self.model, mb)
                 pg, clipped, ratio = clipped_policy_loss(
@@ -134,6 +173,8 @@ class Learner:
                     loss = loss + self.algo.kl_coef * kl
                 loss.backward()
                 sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item()], dtype=torch.float64)
+            for _ in range(idle):
+                self._idle_pass(backward=True)
             grad_norm = self._apply_gradients(sums)
             tokens = max(sums[4].item(), 1.0)
             metrics = {
@@ -155,6 +196,18 @@ class Learner:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.fsdp:
+            # FSDP already averaged each shard's gradient over the data-parallel ranks (reduce-scatter) during
+            # backward: times the rank count makes the sum, then the mean over the tokens of all ranks. (A
+            # divide factor of 1 would save the multiply, but gloo has no PREMUL_SUM for it.) Squares for the
+            # norm sum over the shards of every rank.
+            scale = self.dp_mesh.size() / tokens
+            for p in params:
+                local(p.grad).mul_(scale)
+            norm = clip_grad_norm(params, self.algo.max_grad_norm, self.dp_mesh.get_group())
+            self.optimizer.step()
+            self.steps += 1
+            return float(norm)
         # Under TP each rank reduces its own shards with its data-parallel peers (who hold the same shards).
         grads = [local(p.grad) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all parameters
@@ -179,12 +232,16 @@ class Learner:
         batch = pack(records, torch.zeros(len(records)), pad_id=self.pad_id)
         sums = torch.zeros(5, dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(batch, self.train_micro_batch):
+        chunks = list(micro_batches(batch, self.train_micro_batch))
+        idle = self._lockstep(len(chunks)) - len(chunks)
+        for mb in chunks:
             mask = mb.action_mask.to(self.device)
             nll = -(self._logprobs(self.model, mb) * mask).sum()
             nll.backward()
             sums[0] += nll.item()
             sums[4] += mask.sum().item()
+        for _ in range(idle):
+            self._idle_pass(backward=True)
         grad_norm = self._apply_gradients(sums)
         return {"sft/loss": sums[0].item() / max(sums[4].item(), 1.0), "sft/grad_norm": grad_norm}
 
@@ -234,19 +291,21 @@ class Learner:
         return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
                 "peak_bytes": float(peak.bytes)}
 
-    def relayout(self, tp_mesh: DeviceMesh | None) -> None:
-        """Move the policy, its optimizer state and the reference to another TP split, in memory.
+    def relayout(self, tp_mesh: DeviceMesh | None, *, dp_mesh: DeviceMesh | None = None, fsdp: bool = False) -> None:
+        """Move the policy, its optimizer state and the reference to another TP split or FSDP sharding, in memory.
 
-        Every rank of the old and of the new TP group calls it. Full tensors are gathered from the old split and
+        Every rank of the old and of the new groups calls it. Full tensors are gathered from the old split and
         each rank keeps its slice of the new one (bit-exact: nothing is recomputed)."""
         new_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        new_dp = dp_mesh if dp_mesh is not None and dp_mesh.size() > 1 else None
         if new_mesh is not None:
             check_tp_degree(self.model.config, new_mesh.size())
+        new_fsdp = _check_fsdp(fsdp, new_dp, new_mesh)
         weights = full_state_dict(self.model)
         optimizer = full_optimizer_state(self.model, self.optimizer)
         reference = full_state_dict(self.reference) if self.reference is not None else None
-        self.tp_mesh = new_mesh
-        self.model = self._rebuild(weights)
+        self.tp_mesh, self.dp_mesh, self.fsdp = new_mesh, new_dp, new_fsdp
+        self.model = self._rebuild(weights, trained=True)
         self.model.train()
         if self.checkpointing:
             _enable_checkpointing(self.model)
@@ -255,13 +314,23 @@ class Learner:
         if reference is not None:
             self.reference = self._rebuild(reference).eval().requires_grad_(False)
 
-    def _rebuild(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    def _rebuild(self, weights: dict[str, torch.Tensor], *, trained: bool = False) -> torch.nn.Module:
         """A model of the same config on this learner's current split, holding ``weights``."""
         model = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
-        if self.tp_mesh is not None:
-            shard_model(model, self.tp_mesh)
+        self._split(model, trained=trained)
         load_full_state_dict(model, weights)
         return model
+
+    def _split(self, model: torch.nn.Module, *, trained: bool = True) -> None:
+        """Apply this learner's layout to a freshly loaded model: TP split, and FSDP for the trained model (the
+        frozen reference stays whole: it has no gradients or optimizer state to shard)."""
+        if self.tp_mesh is not None:
+            shard_model(model, self.tp_mesh)
+        if self.fsdp and trained:
+            # One FSDP unit per decoder layer (its parameters are gathered only while it runs), then the rest.
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=self.dp_mesh)
+            fully_shard(model, mesh=self.dp_mesh)
 
     def reset_lr(self) -> None:
         for group in self.optimizer.param_groups:

@@ -84,17 +84,20 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
 
 def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> None:
     # The first leg trains tensor-parallel (two ranks, each holding half of every layer); the resumed leg
-    # runs on one rank: a checkpoint is the same whatever layout wrote it.
+    # shards with FSDP (two ranks, each storing half of every parameter and of the Adam moments): a checkpoint is
+    # the same whatever layout wrote it.
     cfg = _config(tmp_path, iterations=1, trainer_workers=2, parallelism={"train_tp": 2}, sft={"enabled": False},
                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6})
     first: list[dict] = []
     train(cfg, first.append)
     assert [(e["data"]["stage"], e["data"]["new_layout"]["key"]) for e in first if e["type"] == "selector.decision"] \
         == [("experience", "tp2.dp1.mb4"), ("train", "tp2.dp1.mb4"), ("rollout", "tp1.dp1.mb4")]
-    more = cfg.replace(iterations=2, trainer_workers=1, parallelism=ParallelismConfig())
+    more = cfg.replace(iterations=2, parallelism=ParallelismConfig(train_fsdp=True))
     got: list[dict] = []
     summary = train(more, got.append, resume=True)
     assert summary.iterations_done == 2
+    assert [(e["data"]["stage"], e["data"]["new_layout"]["key"]) for e in got if e["type"] == "selector.decision"] \
+        == [("experience", "tp1.dp2.mb4"), ("train", "tp1.dp2.mb4+fsdp"), ("rollout", "tp1.dp1.mb4")]
     assert any(e["type"] == "log" and "resuming from" in e["data"]["message"] for e in got)
     assert [e["data"]["iteration"] for e in got if e["type"] == "metrics"] == [1]
     assert summary.last_checkpoint and summary.last_checkpoint.endswith("iter_000002")
