@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_io import write_result
 from earl_core.config import load_config
 from earl_core.agent.runner import RunnerLimits
 from earl_core.evaluate import evaluate_checkpoint, run_limits
@@ -101,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"  invalid {v['rollout/invalid_rate']:.3f}  ctx mean {v.get('context/mean', 0):.0f}"
                   f"  iter_s {v['perf/iteration_s']:.1f}")
     print("\ntargets:", json.dumps(targets, indent=2))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    write_result(results, args.out)
     return 0
 
 

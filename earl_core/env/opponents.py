@@ -59,7 +59,7 @@ class HeuristicOpponent:
         wins = [c for c in columns if board.can_win_with(c)]
         if wins:
             return rng.choice(wins)
-        threats = [c for c in columns if _opponent_wins_at(board, c)]
+        threats = [c for c in columns if opponent_wins_at(board, c)]
         if threats:
             # Two threats cannot both be blocked; blocking one still beats resigning.
             return rng.choice(threats)
@@ -68,7 +68,7 @@ class HeuristicOpponent:
         return _most_central(pool, rng)
 
 
-def _opponent_wins_at(board: Board, column: int) -> bool:
+def opponent_wins_at(board: Board, column: int) -> bool:
     """Whether the opponent would win by dropping into ``column`` if it were its turn."""
     # The opponent's stones are every stone that is not the side to move's.
     threats = winning_cells(board.position ^ board.mask, board.mask) & playable_cells(board.mask)

@@ -76,15 +76,20 @@ def split_by_tokens(records: Sequence[dict[str, Any]], parts: int) -> list[list[
     return balance_by_tokens([len(r["token_ids"]) for r in records], parts)
 
 
+def _check_rollout_tp(workers: int, engine: str, tp: int) -> None:
+    """Engines of ``tp`` ranks must use the rollout workers up exactly, and only vLLM splits an engine."""
+    if tp < 1 or workers % tp:
+        raise ValueError(f"{workers} rollout workers cannot form engines of {tp} tensor-parallel ranks")
+    if tp > 1 and engine != "vllm":
+        raise ValueError(f"the {engine} engine has no tensor parallelism (tp={tp})")
+
+
 class RolloutGroup:
     """The rollout ranks as ``workers / tp`` engines (one Ray actor each) of ``tp`` tensor-parallel ranks."""
 
     def __init__(self, model_dir: str, *, workers: int, engine: str, engine_opts: dict[str, Any],
                  num_cpus: float = 1, num_gpus: float = 0, tp: int = 1) -> None:
-        if tp < 1 or workers % tp:
-            raise ValueError(f"{workers} rollout workers cannot form engines of {tp} tensor-parallel ranks")
-        if tp > 1 and engine != "vllm":
-            raise ValueError(f"the {engine} engine has no tensor parallelism (tp={tp})")
+        _check_rollout_tp(workers, engine, tp)
         self.model_dir, self.workers, self.engine, self.engine_opts = model_dir, workers, engine, dict(engine_opts)
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self._start(tp)
@@ -93,6 +98,7 @@ class RolloutGroup:
         self.tp = tp
         # Counts the engine sets this group has started (a dispatch group of the old engines is stale).
         self.generation = getattr(self, "generation", 0) + 1
+        self._nodes: list[str] | None = None
         engines = self.workers // tp
         # An engine's ranks are processes it starts itself (vLLM's executor): its bundle holds all their cores.
         self.gang = Gang("rollout workers", engines, cpus=self.num_cpus * tp, gpus=self.num_gpus * tp)
@@ -113,8 +119,7 @@ class RolloutGroup:
     def relayout(self, tp: int, weights_ref: list[ray.ObjectRef] | None) -> float:
         """Rebuild the engines with ``tp`` ranks each (vLLM fixes its tensor-parallel degree at start) and load
         ``weights_ref`` into them, straight from the trainer's object store (no disk). Returns the seconds taken."""
-        if tp < 1 or self.workers % tp:
-            raise ValueError(f"{self.workers} rollout workers cannot form engines of {tp} tensor-parallel ranks")
+        _check_rollout_tp(self.workers, self.engine, tp)
         start = time.perf_counter()
         self.close()
         self._start(tp)
@@ -155,8 +160,10 @@ class RolloutGroup:
         }
 
     def nodes(self) -> list[str]:
-        """Ray node id of each engine."""
-        return ray.get([a.node.remote() for a in self.actors])
+        """Ray node id of each engine (asked once per engine set: an actor does not change node)."""
+        if self._nodes is None:
+            self._nodes = ray.get([a.node.remote() for a in self.actors])
+        return list(self._nodes)
 
     def ship(self, sends: list[dict[int, list[int]]]) -> list[dict[int, dict[str, Any]]]:
         """Each engine puts its shipments (``sends[engine]``: sample ids per destination key) into its own object
@@ -212,6 +219,7 @@ class TrainerGroup:
         self.tp = tp
         self.dp = workers // tp
         self.fsdp = fsdp
+        self._nodes: list[str] | None = None
         self.gang = Gang("trainer workers", workers, cpus=num_cpus, gpus=num_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainerWorker)
         self.actors = [actor.options(scheduling_strategy=self.gang.slot(r)).remote(rank=r, world_size=workers)
@@ -237,8 +245,10 @@ class TrainerGroup:
         return list(self.actors) if self.fsdp else self.actors[: self.tp]
 
     def nodes(self) -> list[str]:
-        """Ray node id of each rank."""
-        return ray.get([a.node.remote() for a in self.actors])
+        """Ray node id of each rank (asked once: the ranks live as long as the group, on their node)."""
+        if self._nodes is None:
+            self._nodes = ray.get([a.node.remote() for a in self.actors])
+        return list(self._nodes)
 
     def receive(self, refs: list[list[ray.ObjectRef]], expected: list[list[int]],
                 advantage: dict[str, Any]) -> list[dict[str, Any]]:

@@ -115,3 +115,17 @@ def test_rollout_tp_config_errors_name_the_field():
         RunConfig.from_dict({"rollout": {"workers": 2, "engine": "hf"}, "parallelism": {"rollout_tp": 2}})
     with pytest.raises(ConfigError, match="parallelism.rollout_tp"):
         ParallelismConfig(rollout_tp=0)
+
+
+@pytest.mark.parametrize(("workers", "engine", "tp", "message"), [
+    (3, "vllm", 2, "cannot form engines of 2"),
+    (2, "vllm", 0, "cannot form engines of 0"),
+    (2, "hf", 2, "the hf engine has no tensor parallelism"),
+])
+def test_rollout_groups_refuse_splits_they_cannot_run(workers: int, engine: str, tp: int, message: str) -> None:
+    # One check serves the group's start and its relayout (a relayout once let an hf engine take TP=2).
+    from earl_core.ray_exec.groups import _check_rollout_tp
+
+    with pytest.raises(ValueError, match=message):
+        _check_rollout_tp(workers, engine, tp)
+    _check_rollout_tp(workers, "vllm", 1)
