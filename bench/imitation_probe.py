@@ -37,7 +37,7 @@ import torch
 
 from bench_io import write_result
 from earl_core.agent import protocol
-from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
 from earl_core.config import AlgoConfig
@@ -71,20 +71,6 @@ def turn_kind(board: Board) -> tuple[str, list[int] | None]:
     if any(board.drop(c).can_win_with(c) for c in columns):
         return "avoid", None
     return "centre", None
-
-
-def answer_spans(mask: list[int]) -> list[tuple[int, int]]:
-    spans, i = [], 0
-    while i < len(mask):
-        if mask[i]:
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
 
 
 def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float) -> list[dict[str, Any]]:

@@ -71,3 +71,15 @@ class Conversation:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def answer_spans(action_mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of agent-written tokens in a conversation."""
+    spans, start = [], None
+    for i, m in enumerate([*action_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoTokenizer
 
-from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, RunnerLimits, engine_policy, play_episodes
 from earl_core.config import AlgoConfig
@@ -148,7 +148,7 @@ class RolloutWorker:
         rollout), and as many tokens are decoded as the answer had (the sampled ones are dropped). It is the
         engine work of playing those games, for a benchmark whose games (a "thinking" agent's) a freshly built
         model would not play itself."""
-        turns = [_answer_spans(r["action_mask"]) for r in records]
+        turns = [answer_spans(r["action_mask"]) for r in records]
         start = time.perf_counter()
         for t in range(max((len(x) for x in turns), default=0)):
             live = [(r["token_ids"][: x[t][0]], x[t][1] - x[t][0]) for r, x in zip(records, turns) if t < len(x)]
@@ -161,18 +161,6 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _answer_spans(action_mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of agent-written tokens in a conversation."""
-    spans, start = [], None
-    for i, m in enumerate([*action_mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
 
 
 class TrainerWorker:

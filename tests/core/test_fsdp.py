@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.core.test_tensor_parallel import ROOT, free_port
+from tests.core.test_tensor_parallel import run_two_ranks
 
 
 @pytest.fixture(scope="module")
 def fsdp2(protocol_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two real processes in a gloo group run tests.core.fsdp_ranks on the session's tiny model."""
-    out = tmp_path_factory.mktemp("fsdp") / "result.json"
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.core.fsdp_ranks", "--rank", str(r),
-                               "--port", str(port), "--model", str(protocol_model), "--out", str(out)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
-    return json.loads(out.read_text())
+    return run_two_ranks("tests.core.fsdp_ranks", protocol_model, tmp_path_factory.mktemp("fsdp") / "result.json",
+                         timeout=120)
 
 
 def test_each_rank_stores_half_of_the_parameters(fsdp2: dict) -> None:

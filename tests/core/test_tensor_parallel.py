@@ -23,18 +23,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_two_ranks(module: str, model: Path, out: Path, *extra: str, timeout: float = 300) -> dict:
+    """Run ``module`` as ranks 0 and 1 of a gloo group (real processes) on ``model``; rank 0's JSON result."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), *extra, "--port", str(port),
+                               "--model", str(model), "--out", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def tp2(protocol_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two real processes in a gloo group run tests.core.tp_ranks on the session's tiny model."""
-    out = tmp_path_factory.mktemp("tp") / "result.json"
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.core.tp_ranks", "--rank", str(r), "--world", "2",
-                               "--port", str(port), "--model", str(protocol_model), "--out", str(out)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
-    return json.loads(out.read_text())
+    return run_two_ranks("tests.core.tp_ranks", protocol_model, tmp_path_factory.mktemp("tp") / "result.json",
+                         "--world", "2")
 
 
 def test_tp2_forward_and_gradients_equal_tp1(tp2: dict) -> None:
