@@ -28,7 +28,7 @@ REQUIRED_FILES = ("config.json", "tokenizer_config.json")
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """A Qwen2 architecture small enough to train on CPU."""
+    """A Qwen2 architecture: small ones to train on CPU, and real models' shapes (random weights) for GPU benches."""
 
     hidden_size: int
     """Width of the residual stream."""
@@ -44,6 +44,9 @@ class ModelPreset:
     """Longest sequence the rotary embedding is configured for."""
     tie_word_embeddings: bool = True
     """Share the input embedding and the LM head (halves parameters at this size)."""
+    embedding_rows: int | None = None
+    """Rows of the embedding and LM head when the model has more than the tokenizer's vocabulary (Qwen2.5 pads
+    its vocabulary to 151,936); None: exactly the tokenizer's. Speed and memory depend on it, not on the tokens."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -54,6 +57,8 @@ class ModelPreset:
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError("model.num_key_value_heads", "must divide num_attention_heads")
+        if self.embedding_rows is not None and self.embedding_rows < 1:
+            raise ConfigError("model.embedding_rows", f"must be positive, got {self.embedding_rows}", allowed=">= 1")
 
     @property
     def head_dim(self) -> int:
@@ -68,6 +73,16 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     "small": ModelPreset(
         hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768, num_hidden_layers=4
     ),
+    # The shapes of Qwen2.5-0.5B and -1.5B (their config.json), built with random weights: for GPU benches, where
+    # speed and memory depend on the shape and not on what the weights have learnt. Too large to train on CPU.
+    "qwen2.5-0.5b-shape": ModelPreset(
+        hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, num_hidden_layers=24,
+        max_position_embeddings=32768, embedding_rows=151936,
+    ),
+    "qwen2.5-1.5b-shape": ModelPreset(
+        hidden_size=1536, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960, num_hidden_layers=28,
+        max_position_embeddings=32768, embedding_rows=151936,
+    ),
 }
 
 
@@ -78,15 +93,14 @@ def get_preset(preset: str) -> ModelPreset:
     return MODEL_PRESETS[preset]
 
 
-def create_model(
-    preset: str, out_dir: Path, *, corpus: Iterable[str], seed: int = 0, vocab_size: int = 512
-) -> Path:
-    """Train a tokenizer on ``corpus``, build a freshly initialised Qwen2 and save both in HF format."""
-    spec = get_preset(preset)
-    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+def model_config(spec: ModelPreset, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+    """The Qwen2 config of ``spec`` for ``tokenizer`` (special token ids from it, embedding rows from either)."""
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    if spec.embedding_rows is not None and spec.embedding_rows < len(tokenizer):
+        raise ConfigError("model.embedding_rows", f"{spec.embedding_rows} rows cannot hold the tokenizer's "
+                          f"{len(tokenizer)} tokens", allowed=f">= {len(tokenizer)}")
+    return Qwen2Config(
+        vocab_size=spec.embedding_rows or len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -101,6 +115,16 @@ def create_model(
         pad_token_id=pad_id,
         dtype="float32",
     )
+
+
+def create_model(
+    preset: str, out_dir: Path, *, corpus: Iterable[str], seed: int = 0, vocab_size: int = 512
+) -> Path:
+    """Train a tokenizer on ``corpus``, build a freshly initialised Qwen2 and save both in HF format."""
+    spec = get_preset(preset)
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+    config = model_config(spec, tokenizer)
+    pad_id = config.pad_token_id
     # fork_rng keeps the caller's global RNG stream untouched by our seeding.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

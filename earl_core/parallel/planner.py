@@ -111,7 +111,7 @@ class LayoutPlanner:
                                               switched=False, candidates=[]))
             return
         started = time.perf_counter()
-        profiled = 0
+        profiled = oom = 0
         costs = {s: CostModel() for s in LEARNER_STAGES}
         switches: list[float] = []
         first = self.tp
@@ -125,8 +125,15 @@ class LayoutPlanner:
                         if self.budget is not None and self.memory[stage].predict(layout, work).total > self.budget:
                             continue  # never run what is predicted not to fit, not even to measure it
                         r = target.profile(stage, layout.micro_batch, context, layout.checkpointing)
-                        costs[stage].add(ProfilePoint(layout, context, r["tokens_per_s"] * layout.dp))
-                        self.samples[stage].append((layout, work, int(r["peak_bytes"])))
+                        peak = int(r["peak_bytes"])
+                        if r.get("out_of_memory"):
+                            # It needed more than the device could give: as a sample, more than the budget
+                            # (or than what it reached), so the calibrated model rules it out from here on.
+                            peak = max(peak, (self.budget or 0) + 1)
+                            oom += 1
+                        else:
+                            costs[stage].add(ProfilePoint(layout, context, r["tokens_per_s"] * layout.dp))
+                        self.samples[stage].append((layout, work, peak))
                         # Refit as we go, so the guard above uses what has been measured so far.
                         self.memory[stage].calibrate(self.samples[stage])
                         profiled += 1
@@ -145,7 +152,8 @@ class LayoutPlanner:
         seconds = time.perf_counter() - started
         cal = {s: self.memory[s].calibration for s in LEARNER_STAGES}
         switch = f"; a TP/DP switch takes {self.relayout_s:.2f} s" if self.relayout_s is not None else ""
-        self.emit(ev.Log("info", f"selector: profiled {profiled} layout x context points in {seconds:.1f} s{switch}; "
+        failed = f" ({oom} ran out of device memory)" if oom else ""
+        self.emit(ev.Log("info", f"selector: profiled {profiled} layout x context points{failed} in {seconds:.1f} s{switch}; "
                                  "memory calibration " + ", ".join(f"{s}: overhead {c.overhead / GIB:.2f} GiB x{c.scale:.2f}"
                                                                    for s, c in cal.items())))
 

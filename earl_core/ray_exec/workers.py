@@ -24,7 +24,6 @@ from earl_core.dispatch.plan import ReceiveSchedule
 from earl_core.dispatch.shipment import Shipment, assemble, metadata
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
-from earl_core.parallel.probe import PeakMemory
 from earl_core.parallel.tensor_parallel import local_numel
 from earl_core.ray_exec.memory import memory_reading
 from earl_core.rl.learner import Learner
@@ -280,16 +279,7 @@ class TrainerWorker:
 
     def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float]:
         assert self.learner is not None
-        start = time.perf_counter()
-        with PeakMemory() as experience_peak:
-            batch = self.learner.prepare(records, advantages)
-        prepared = time.perf_counter()
-        with PeakMemory() as train_peak:
-            metrics = self.learner.rl_step(batch)
-        end = time.perf_counter()
-        return {**metrics, "perf/experience_s": prepared - start, "perf/train_s": end - prepared,
-                "memory/experience_peak_bytes": float(experience_peak.bytes),
-                "memory/train_peak_bytes": float(train_peak.bytes)}
+        return self.learner.measured_rl_step(records, advantages)
 
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool) -> None:
         assert self.learner is not None

@@ -149,6 +149,20 @@ class Learner:
             batch.ref_logprobs = self._fill(self.reference, batch)
         return batch
 
+    def measured_rl_step(self, records: Sequence[dict[str, Any]],
+                         advantages: Sequence[float] | torch.Tensor) -> dict[str, float]:
+        """prepare() then rl_step(), each stage timed and its peak memory measured (what the selector reads)."""
+        start = time.perf_counter()
+        with PeakMemory() as experience_peak:
+            batch = self.prepare(records, advantages)
+        prepared = time.perf_counter()
+        with PeakMemory() as train_peak:
+            metrics = self.rl_step(batch)
+        end = time.perf_counter()
+        return {**metrics, "perf/experience_s": prepared - start, "perf/train_s": end - prepared,
+                "memory/experience_peak_bytes": float(experience_peak.bytes),
+                "memory/train_peak_bytes": float(train_peak.bytes)}
+
     def rl_step(self, batch: TrainBatch) -> dict[str, float]:
         """`algo.epochs` optimiser steps over the batch; loss is the mean over agent tokens of all ranks."""
         assert batch.old_logprobs is not None, "call prepare() first"
@@ -266,7 +280,9 @@ class Learner:
         """Time and peak memory of one micro-batch of ``micro_batch`` x ``context`` random tokens.
 
         Train: forward and backward (gradients discarded, weights and optimizer untouched); experience: a
-        forward pass without gradients. Tokens per second count every position processed.
+        forward pass without gradients. Tokens per second count every position processed. A device out-of-memory
+        error is reported (``out_of_memory``: 1, ``tokens_per_s``: 0), not raised: profiling is how a layout that
+        does not fit is found out.
         """
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, int(self.model.config.vocab_size), (micro_batch, context), generator=gen)
@@ -276,18 +292,28 @@ class Learner:
         if stage == "train":
             self.set_layout("train", micro_batch, checkpointing)
         start = time.perf_counter()
-        with PeakMemory() as peak:
+        try:
+            with PeakMemory() as peak:
+                if stage == "train":
+                    loss = -(self._logprobs(self.model, batch) * batch.action_mask.to(self.device)).mean()
+                    loss.backward()
+                    self.model.zero_grad(set_to_none=True)
+                    del loss
+                else:
+                    with torch.no_grad():
+                        self._logprobs(self.model, batch)
+            seconds = time.perf_counter() - start
+        except torch.OutOfMemoryError:
+            # Only a device allocator raises this (on GPU, or under a per-process memory fraction): the layout
+            # does not fit this context. Report it, with what it had reached when it failed (a lower bound).
+            reached = float(torch.cuda.max_memory_allocated())
+            self.model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            return {"seconds": time.perf_counter() - start, "tokens_per_s": 0.0, "out_of_memory": 1.0,
+                    "peak_bytes": reached}
+        finally:
             if stage == "train":
-                loss = -(self._logprobs(self.model, batch) * batch.action_mask.to(self.device)).mean()
-                loss.backward()
-                self.model.zero_grad(set_to_none=True)
-                del loss
-            else:
-                with torch.no_grad():
-                    self._logprobs(self.model, batch)
-        seconds = time.perf_counter() - start
-        if stage == "train":
-            self.set_layout("train", *previous)
+                self.set_layout("train", *previous)
         return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
                 "peak_bytes": float(peak.bytes)}
 

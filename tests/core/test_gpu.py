@@ -38,3 +38,18 @@ def test_learner_runs_on_cuda(protocol_model: Path) -> None:
     rec = {"token_ids": list(range(1, 40)), "action_mask": [0] * 30 + [1] * 9}
     metrics = learner.rl_step(learner.prepare([rec, rec], [1.0, -1.0]))
     assert metrics["perf/train_tokens"] == 18 and torch.cuda.max_memory_allocated() > 0
+
+
+def test_profile_reports_running_out_of_device_memory(protocol_model: Path) -> None:
+    learner = Learner(protocol_model, algo=AlgoConfig(), seed=0)
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(2 * (1 << 30) / total)  # 2 GiB: the tiny model needs far less
+    try:
+        # 64 x 16K tokens: ~12 GiB of saved activations per layer alone.
+        failed = learner.profile("train", 64, 16384)
+        assert failed["out_of_memory"] == 1.0 and failed["tokens_per_s"] == 0.0
+        assert all(p.grad is None for p in learner.model.parameters())
+        fine = learner.profile("train", 1, 256)
+        assert fine["tokens_per_s"] > 0 and "out_of_memory" not in fine
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

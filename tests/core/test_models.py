@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from earl_core.errors import ConfigError, ModelLoadError
 from earl_core.models import (
@@ -20,6 +20,8 @@ from earl_core.models import (
     load_policy,
     train_tokenizer,
 )
+from earl_core.models.factory import model_config
+from earl_core.parallel.memory import ModelShape
 
 HEADER = "0 1 2 3 4 5 6"
 
@@ -109,6 +111,26 @@ def test_presets_have_vllm_head_sizes() -> None:
             hidden_size=120, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=1
         )
     assert info.value.field == "model.head_dim"
+
+
+@pytest.mark.parametrize(("preset", "params"), [("qwen2.5-0.5b-shape", 494_032_768), ("qwen2.5-1.5b-shape", 1_543_714_304)])
+def test_realistic_shapes_match_the_real_models(preset: str, params: int) -> None:
+    # Built on the meta device (no memory, no weights): the parameter count of Qwen2.5-0.5B / -1.5B as published,
+    # and the memory model's count of the same config agrees.
+    config = model_config(MODEL_PRESETS[preset], train_tokenizer(protocol_like_corpus(20)))
+    assert config.vocab_size == 151_936
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert ModelShape.from_hf_config(config.to_dict()).params == params
+
+
+def test_embedding_rows_must_hold_the_tokenizer() -> None:
+    spec = ModelPreset(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+                       num_hidden_layers=1, embedding_rows=300)
+    with pytest.raises(ConfigError) as info:
+        model_config(spec, train_tokenizer(protocol_like_corpus(20)))
+    assert info.value.field == "model.embedding_rows"
 
 
 def test_create_then_load_round_trip(tmp_path: Path) -> None:

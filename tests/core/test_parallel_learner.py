@@ -77,3 +77,46 @@ def test_planner_on_a_real_learner(protocol_model: Path) -> None:
     assert learner.experience_micro_batch == Layout.parse("experience", decisions[0].new_layout["key"]).micro_batch
     out = planner.after_iteration({"memory/train_peak_bytes": 1e9, "memory/experience_peak_bytes": 1e9}, records)
     assert out["selector/over_budget_events"] == 0.0
+
+
+class _DeviceOf:
+    """A stage target with a fixed device: layouts whose micro-batch x context is over ``limit`` tokens run out
+    of memory when profiled, as a GPU's allocator would report it; the others run at 1,000 tok/s per sequence."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.profiled: list[tuple[str, int, int]] = []
+        self.layouts: dict[str, tuple[int, bool]] = {}
+
+    def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False) -> dict[str, float]:
+        self.profiled.append((stage, micro_batch, context))
+        if micro_batch * context > self.limit:
+            return {"seconds": 0.1, "tokens_per_s": 0.0, "out_of_memory": 1.0, "peak_bytes": 1e6}
+        return {"seconds": 1.0, "tokens_per_s": 1000.0 * micro_batch, "peak_bytes": 1e6 + micro_batch * context}
+
+    def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
+        self.layouts[stage] = (micro_batch, checkpointing)
+
+    def relayout(self, tp: int) -> float:
+        raise AssertionError("one worker: no TP change")
+
+
+def test_a_layout_that_ran_out_of_memory_while_profiling_is_never_chosen(protocol_model: Path) -> None:
+    shape = ModelShape.from_hf_config(Learner(protocol_model, algo=AlgoConfig(), seed=0).model.config.to_dict())
+    emitted: list[ev.Event] = []
+    cfg = ParallelismConfig(mode="auto", micro_batches="1,8", profile_contexts="128,1024", memory_budget_gib=1,
+                            checkpointing=False)
+    planner = LayoutPlanner(cfg, shape=shape, workers=1, default_micro_batch=1, emit=emitted.append)
+    target = _DeviceOf(limit=4096)  # mb8 fits 128 tokens (1,024) but not 1,024 (8,192)
+    planner.start(target)
+    assert ("train", 8, 1024) in target.profiled
+    assert any("ran out of device memory" in e.message for e in emitted if isinstance(e, ev.Log))
+    # At short context mb8 is 8x faster and chosen; from the context where it ran out of memory on it is
+    # predicted over the budget (whatever the bytes it reported): mb1 instead.
+    planner.before_iteration(0, [{"tokens": 120}] * 8, iterations_left=1, target=target)
+    assert target.layouts["train"][0] == 8
+    planner.before_iteration(1, [{"tokens": 1024}] * 8, iterations_left=1, target=target)
+    assert target.layouts["train"][0] == 1
+    last = [e for e in emitted if isinstance(e, ev.SelectorDecision) and e.stage == "train"][-1]
+    assert last.reason.startswith("forced")
+    assert {c["layout"]: c["fits"] for c in last.candidates}["tp1.dp1.mb8"] is False
