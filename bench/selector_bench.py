@@ -21,7 +21,8 @@ On the GPU machine (no Ray, no vLLM there): `--in-process --workers 1 --preset q
 trainer worker in this process on a model of Qwen2.5-0.5B's shape with random weights; see bench/gpu_run.sh.
 
 The rollout stage (vLLM engine layouts) has its own bench on the same workload: rollout_selector_bench.py.
-Not covered: FSDP layouts (static only; bench/fsdp_bench.py measures them).
+With --fsdp, the FSDP layouts too (static modes sharded over the DP ranks, and candidates of auto mode);
+bench/fsdp_bench.py measures FSDP's memory against plain DP on a larger model.
 
     .venv/bin/python bench/selector_bench.py [--contexts 512,1024,2048,4096,8192] [--workers 2] [--budget-gib 1.5]
 """
@@ -65,7 +66,8 @@ def run_mode(name: str, model_dir: Path, iterations: list[list[dict[str, Any]]],
         from earl_core.ray_exec.groups import TrainerGroup  # Ray only where the trainer runs on Ray
 
         trainer = TrainerGroup(str(model_dir), workers=workers, algo=asdict(algo), reference_dir=str(model_dir),
-                               seed=seed, num_cpus=threads, tp=parallelism.train_tp)
+                               seed=seed, num_cpus=threads, tp=parallelism.train_tp,
+                               fsdp=parallelism.train_fsdp and parallelism.mode == "static")
     try:
         planner = LayoutPlanner(parallelism, shape=ModelShape.from_hf_config(hf), workers=workers,
                                 default_micro_batch=algo.micro_batch, emit=events.append)
@@ -101,11 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                                                "(default: all)")
     p.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS),
                    help="model shape, built locally with random weights (the GPU run: qwen2.5-0.5b-shape)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="FSDP layouts too: static modes sharded over the DP ranks, and candidates of auto mode "
+                        "(parallelism.train_fsdp); needs --workers >= 2")
     p.add_argument("--in-process", action="store_true",
                    help="one trainer worker in this process, no Ray (the GPU machine has no Ray); --workers 1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "results" / "selector_bench.json"))
     args = p.parse_args(argv)
+    if args.fsdp and args.workers < 2:
+        p.error(f"--fsdp shards over data-parallel ranks: --workers must be >= 2, got {args.workers}")
     if args.in_process and args.workers != 1:
         p.error(f"--in-process runs one worker: --workers must be 1, got {args.workers}")
     if torch.cuda.is_available():
@@ -131,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                                  seed=args.seed)
         print(f"model {args.preset} built in {time.perf_counter() - t:.1f} s", flush=True)
         modes: dict[str, tuple[ParallelismConfig, AlgoConfig]] = {
-            "auto": (ParallelismConfig(mode="auto", **base), algo)}
-        for layout in static_layouts(args.workers, micro_batches, model_dir):
+            "auto": (ParallelismConfig(mode="auto", train_fsdp=args.fsdp, **base), algo)}
+        for layout in static_layouts(args.workers, micro_batches, model_dir, fsdp=args.fsdp):
             modes[layout.key] = (
-                ParallelismConfig(mode="static", train_tp=layout.tp, checkpointing=layout.checkpointing, **base),
+                ParallelismConfig(mode="static", train_tp=layout.tp, checkpointing=layout.checkpointing,
+                                  train_fsdp=layout.shard == "fsdp", **base),
                 AlgoConfig(**{**asdict(algo), "micro_batch": layout.micro_batch}))
         wanted = [m for m in args.modes.split(",") if m] or list(modes)
         unknown = sorted(set(wanted) - set(modes))

@@ -66,14 +66,14 @@ def workload(model_dir: Path, contexts: list[int], games: int, seed: int) -> lis
     return out
 
 
-def static_layouts(workers: int, micro_batches: list[int], model_dir: Path) -> list[Layout]:
-    """Every layout of the train stage the trainer can run: each TP x DP split of the workers the model allows,
-    each micro-batch, activation checkpointing off and on (the experience stage uses the same split and
-    micro-batch)."""
+def static_layouts(workers: int, micro_batches: list[int], model_dir: Path, *, fsdp: bool = False) -> list[Layout]:
+    """Every layout of the train stage the trainer can run: each TP x DP split of the workers the model allows
+    (with ``fsdp`` also DP sharded with FSDP), each micro-batch, activation checkpointing off and on (the
+    experience stage uses the same split and micro-batch)."""
     shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
-    planner = LayoutPlanner(ParallelismConfig(mode="auto", micro_batches=",".join(map(str, micro_batches))),
-                            shape=shape, workers=workers, default_micro_batch=1, emit=lambda e: None)
-    return sorted(planner.candidates("train"), key=lambda c: (c.tp, c.micro_batch, c.checkpointing))
+    cfg = ParallelismConfig(mode="auto", micro_batches=",".join(map(str, micro_batches)), train_fsdp=fsdp)
+    planner = LayoutPlanner(cfg, shape=shape, workers=workers, default_micro_batch=1, emit=lambda e: None)
+    return sorted(planner.candidates("train"), key=lambda c: (c.tp, c.shard, c.micro_batch, c.checkpointing))
 
 
 class Trainer(StageTarget, Protocol):
@@ -96,8 +96,8 @@ class LocalTrainer:
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
         self.learner.set_layout(stage, micro_batch, checkpointing)
 
-    def relayout(self, tp: int) -> float:
-        raise ValueError(f"one in-process worker runs TP=1 only, not TP={tp}")
+    def relayout(self, tp: int, fsdp: bool = False) -> float:
+        raise ValueError(f"one in-process worker runs TP=1 unsharded only, not TP={tp}{' with FSDP' * fsdp}")
 
     def rl_step(self, records: list[dict[str, Any]], advantages: list[float]) -> dict[str, float] | None:
         try:

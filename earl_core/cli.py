@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--engine", default="hf", choices=["vllm", "hf"])
     pl.add_argument("--seed", type=int, default=0)
     pl.set_defaults(func=cmd_play)
-    m = sub.add_parser("init-model", help="build a fresh tiny model + tokenizer in Hugging Face format")
+    m = sub.add_parser("init-model", help="build a fresh model of a preset (random weights) + tokenizer in Hugging Face format")
     m.add_argument("--preset", default="tiny")
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, default=0)

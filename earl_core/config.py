@@ -243,10 +243,12 @@ class ParallelismConfig:
     """Static mode: activation checkpointing in the train stage (less memory, one more forward pass). Auto
     mode profiles both and chooses."""
     train_fsdp: bool = False
-    """Static mode: shard the trained model's parameters, gradients and optimizer state over the trainer's
-    data-parallel ranks with FSDP2 (each rank stores 1/trainer_workers of them; parameters are gathered layer by
-    layer as they are used). Needs trainer_workers >= 2 and train_tp = 1; the selector (auto mode) does not
-    profile it yet."""
+    """Shard the trained model's parameters, gradients and optimizer state over the trainer's data-parallel
+    ranks with FSDP2 (each rank stores 1/trainer_workers of them; parameters are gathered layer by layer as they
+    are used). Needs trainer_workers >= 2. Static mode: runs sharded throughout (train_tp must be 1). Auto mode:
+    the FSDP layouts (TP=1) become candidates too, profiled beside the others; the selector shards the trainer
+    when that is the fastest layout that fits the memory budget (a switch in or out moves the training state in
+    memory, charged at its measured cost)."""
 
     def __post_init__(self) -> None:
         _check_choice("parallelism.mode", self.mode, ("static", "auto"))
@@ -263,12 +265,10 @@ class ParallelismConfig:
         if not isinstance(self.train_fsdp, bool):
             raise ConfigError("parallelism.train_fsdp", f"must be true or false, got {self.train_fsdp!r}",
                               allowed="true, false")
-        if self.train_fsdp and self.mode != "static":
-            raise ConfigError("parallelism.train_fsdp", "FSDP is a static layout: the selector does not profile it yet",
-                              allowed="false, or parallelism.mode=static")
-        if self.train_fsdp and self.train_tp != 1:
+        if self.train_fsdp and self.mode == "static" and self.train_tp != 1:
             raise ConfigError("parallelism.train_fsdp", f"FSDP runs with train_tp=1 (got {self.train_tp})",
-                              allowed="false, or parallelism.train_tp=1")
+                              allowed="false, or parallelism.train_tp=1 (or parallelism.mode=auto, where FSDP "
+                                      "layouts are candidates beside TP ones)")
 
     @property
     def micro_batch_list(self) -> list[int]:

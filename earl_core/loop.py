@@ -193,7 +193,8 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
                                num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp,
-                               fsdp=cfg.parallelism.train_fsdp)
+                               # Auto mode starts unsharded; the selector shards when it chooses to.
+                               fsdp=cfg.parallelism.train_fsdp and cfg.parallelism.mode == "static")
         cleanup.callback(trainer.close)
         if checkpoint is not None:
             trainer.load_optimizer(str(checkpoint))

@@ -295,14 +295,18 @@ class TrainerGroup:
     def memory(self) -> list[dict[str, Any]]:
         return ray.get([a.memory.remote() for a in self.actors])
 
-    def relayout(self, tp: int) -> float:
-        """Switch every rank to TP degree ``tp`` (DP = workers / tp); weights and optimizer state move in
-        memory between the ranks. Returns the seconds the switch took (slowest rank)."""
+    def relayout(self, tp: int, fsdp: bool = False) -> float:
+        """Switch every rank to TP degree ``tp`` (DP = workers / tp), FSDP-sharded over the DP ranks or not;
+        weights and optimizer state move in memory between the ranks. Returns the seconds the switch took
+        (slowest rank)."""
         if tp < 1 or len(self.actors) % tp:
             raise ValueError(f"{len(self.actors)} trainer workers cannot form tensor-parallel groups of {tp}")
-        seconds = max(ray.get([a.relayout.remote(tp) for a in self.actors]))
+        if fsdp and (tp != 1 or len(self.actors) < 2):
+            raise ValueError(f"FSDP shards over >= 2 data-parallel ranks at TP=1, not {len(self.actors)} "
+                             f"worker(s) at TP={tp}")
+        seconds = max(ray.get([a.relayout.remote(tp, fsdp) for a in self.actors]))
         self.tp, self.dp = tp, len(self.actors) // tp
-        self.fsdp = self.fsdp and tp == 1
+        self.fsdp = fsdp
         return seconds
 
     def local_parameters(self) -> list[int]:

@@ -214,15 +214,16 @@ class TrainerWorker:
         self._dp_group = self._dp_mesh.get_group() if self._dp_mesh is not None else None
         return mesh["tp"] if tp > 1 else None
 
-    def relayout(self, tp: int) -> float:
-        """Re-split the learner for TP degree ``tp`` over the same ranks (weights move in memory)."""
+    def relayout(self, tp: int, fsdp: bool = False) -> float:
+        """Re-split the learner for TP degree ``tp``, sharded with FSDP over the DP ranks or not, over the same
+        ranks (weights and optimizer state move in memory)."""
         assert self.learner is not None
         if self.world_size == 1:
             return 0.0
         start = time.perf_counter()
         # The old shards carry their own mesh, so the gather inside relayout still runs on the old TP group.
         tp_mesh = self._mesh(tp)
-        self.fsdp = self.fsdp and tp == 1  # FSDP x TP is not built: a TP split leaves the sharding
+        self.fsdp = fsdp and tp == 1  # FSDP x TP is not built
         self.learner.relayout(tp_mesh, dp_mesh=self._dp_mesh, fsdp=self.fsdp)
         return time.perf_counter() - start
 

@@ -41,8 +41,6 @@ def test_defaults_round_trip() -> None:
         ({"parallelism": {"train_fsdp": True}}, "parallelism.train_fsdp", "trainer_workers >= 2"),
         ({"trainer_workers": 2, "parallelism": {"train_fsdp": True, "train_tp": 2}}, "parallelism.train_fsdp",
          "train_tp=1"),
-        ({"trainer_workers": 2, "parallelism": {"train_fsdp": True, "mode": "auto"}}, "parallelism.train_fsdp",
-         "mode=static"),
         ({"version": 7}, "version", "1"),
         ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),

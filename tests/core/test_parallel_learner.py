@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from earl_core import events as ev
 from earl_core.config import AlgoConfig, ParallelismConfig
 from earl_core.parallel import Layout, ModelShape
+from earl_core.parallel.memory import MemoryModel, Work
 from earl_core.parallel.planner import LayoutPlanner
 from earl_core.parallel.probe import PeakMemory
 from earl_core.rl.learner import Learner
@@ -97,8 +99,8 @@ class _DeviceOf:
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
         self.layouts[stage] = (micro_batch, checkpointing)
 
-    def relayout(self, tp: int) -> float:
-        raise AssertionError("one worker: no TP change")
+    def relayout(self, tp: int, fsdp: bool = False) -> float:
+        raise AssertionError("one worker: no split change")
 
 
 def test_a_layout_that_ran_out_of_memory_while_profiling_is_never_chosen(protocol_model: Path) -> None:
@@ -120,3 +122,56 @@ def test_a_layout_that_ran_out_of_memory_while_profiling_is_never_chosen(protoco
     last = [e for e in emitted if isinstance(e, ev.SelectorDecision) and e.stage == "train"][-1]
     assert last.reason.startswith("forced")
     assert {c["layout"]: c["fits"] for c in last.candidates}["tp1.dp1.mb8"] is False
+
+
+class _TwoRanks:
+    """A stage target of two ranks whose peaks are what the memory model's formula gives for its current split
+    (plus a fixed 100 MB): FSDP runs at 0.9x the speed of plain DP, TP=2 at 0.5x, recomputation at 0.8x."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        self.memory = MemoryModel(shape)
+        self.split = (1, False)
+        self.relayouts: list[tuple[int, bool]] = []
+        self.layouts: dict[str, tuple[int, bool]] = {}
+
+    def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False) -> dict[str, float]:
+        tp, fsdp = self.split
+        layout = Layout(stage, tp=tp, dp=2 // tp, micro_batch=micro_batch, checkpointing=checkpointing,
+                        shard="fsdp" if fsdp and stage == "train" else "none")
+        peak = self.memory.estimate(layout, Work(sequences=micro_batch * layout.dp, context=context)).dynamic + 1e8
+        speed = (0.5 if tp == 2 else 0.9 if fsdp else 1.0) * (0.8 if checkpointing else 1.0)
+        return {"seconds": 1.0, "tokens_per_s": 1000.0 * speed, "peak_bytes": float(peak)}
+
+    def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
+        self.layouts[stage] = (micro_batch, checkpointing)
+
+    def relayout(self, tp: int, fsdp: bool = False) -> float:
+        self.split = (tp, fsdp)
+        self.relayouts.append(self.split)
+        return 0.01
+
+
+def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
+    # 134M parameters: weights, gradients and Adam moments take 2.15 GB per replica, over the 1.9 GiB budget;
+    # sharded over two ranks (or split by TP=2) they fit, and FSDP is the faster of the two.
+    shape = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
+    emitted: list[ev.Event] = []
+    cfg = ParallelismConfig(mode="auto", micro_batches="1", profile_contexts="128,512", memory_budget_gib=1.9,
+                            train_fsdp=True)
+    planner = LayoutPlanner(cfg, shape=shape, workers=2, default_micro_batch=1, emit=emitted.append)
+    assert planner.splits() == [(1, "none"), (2, "none"), (1, "fsdp")]
+    target = _TwoRanks(shape)
+    planner.start(target)
+    # Profiled on every split (out and back: each switch timed), the plain DP train layouts never ran.
+    assert target.relayouts == [(2, False), (1, True), (1, False)]
+    assert planner.relayout_s == pytest.approx(0.01)
+    planner.before_iteration(0, [{"tokens": 400}] * 4, iterations_left=3, target=target)
+    assert target.relayouts[-1] == (1, True) and planner.split == (1, "fsdp")
+    decisions = {e.stage: e for e in emitted if isinstance(e, ev.SelectorDecision)}
+    assert decisions["train"].new_layout["key"] == "tp1.dp2.mb1+fsdp"
+    fits = {c["layout"]: c["fits"] for c in decisions["train"].candidates}
+    assert fits == {"tp1.dp2.mb1+fsdp": True, "tp1.dp2.mb1+fsdp+ckpt": True, "tp2.dp1.mb1": True,
+                    "tp2.dp1.mb1+ckpt": True}
+    out = planner.after_iteration({"memory/train_peak_bytes": 1e9, "memory/experience_peak_bytes": 1e9,
+                                   "perf/train_s": 1.0, "perf/experience_s": 0.5}, [{"tokens": 400}] * 4)
+    assert out["selector/train_fsdp"] == 1.0 and out["selector/train_tp"] == 1.0

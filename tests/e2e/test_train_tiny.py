@@ -152,10 +152,11 @@ def _selector_config(tmp_path: Path, name: str, workers: int = 1, rollout_worker
 
 def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_path: Path) -> None:
     got: list[dict] = []
-    # Two trainer ranks: the selector may run them as DP=2 or TP=2, and profiles both (switching in between);
-    # two rollout ranks: two vLLM engines or one with two tensor-parallel ranks (rebuilt in between).
+    # Two trainer ranks: the selector may run them as DP=2, TP=2 or DP=2 sharded with FSDP, and profiles all
+    # three (switching in between); two rollout ranks: two vLLM engines or one with two tensor-parallel ranks
+    # (rebuilt in between).
     summary = train(_selector_config(tmp_path, "auto", workers=2, rollout_workers=2, mode="auto",
-                                     memory_budget_gib=64), got.append)
+                                     memory_budget_gib=64, train_fsdp=True), got.append)
     assert summary.status == "succeeded"
     validator = jsonschema.Draft202012Validator(ev.load_schema())
     decisions = [e["data"] for e in got if e["type"] == "selector.decision"]
@@ -169,16 +170,18 @@ def test_selector_profiles_decides_and_guards_the_budget(ray_session: str, tmp_p
         assert {c["layout"] for c in d["candidates"]} == {"tp1.dp2.mb2", "tp2.dp1.mb4"}
         assert all(c["fits"] and c["tokens_per_s"] > 0 and c["memory_bytes"] > 0 for c in d["candidates"])
     train_keys = {c["layout"] for c in decisions[1]["candidates"]}
-    assert train_keys == {f"{split}.mb{mb}{ckpt}" for split in ("tp1.dp2", "tp2.dp1") for mb in (1, 4)
-                          for ckpt in ("", "+ckpt")}
+    assert train_keys == {f"{split}.mb{mb}{shard}{ckpt}" for split, shard in
+                          (("tp1.dp2", ""), ("tp2.dp1", ""), ("tp1.dp2", "+fsdp"))
+                          for mb in (1, 4) for ckpt in ("", "+ckpt")}
     assert all(c["fits"] and c["tokens_per_s"] > 0 and c["memory_bytes"] > 0 for c in decisions[1]["candidates"])
     # The experience stage follows the train stage's split: its candidates are that split's micro-batches.
     for exp, tr in zip(decisions[0::2], decisions[1::2]):
         split = tr["new_layout"]["key"].split(".mb")[0]
         assert {c["layout"] for c in exp["candidates"]} == {f"{split}.mb1", f"{split}.mb4"}
-    # 8 train layouts and 4 experience layouts, each at 2 contexts; one switch to TP=2 and one back.
+    # 12 train layouts and 6 experience layouts (two micro-batches on each of the 3 splits), each at 2 contexts;
+    # switches to TP=2, to FSDP and back.
     logs = [e["data"]["message"] for e in got if e["type"] == "log"]
-    assert any(m.startswith("selector: profiled 24 ") and "a TP/DP switch takes" in m for m in logs), logs
+    assert any(m.startswith("selector: profiled 36 ") and "a split switch (TP/DP/FSDP) takes" in m for m in logs), logs
     # The rollout engines at the one profile context above a turn's prompt, on each TP degree (TP=2 built first).
     assert any(m.startswith("selector: profiled 2 rollout ") and "tp1: " in m and "tp2: " in m for m in logs), logs
     engines = [m["values"]["selector/rollout_tp"] for m in (e["data"] for e in got if e["type"] == "metrics")
