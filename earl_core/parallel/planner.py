@@ -185,6 +185,11 @@ class LayoutPlanner:
         switch = (f"; a split switch (TP/DP/FSDP) takes {self.relayout_s:.2f} s"
                   if self.relayout_s is not None else "")
         failed = f" ({oom} ran out of device memory)" if oom else ""
+        if oom and self.budget is None:
+            # Without a budget every layout "fits": the ones that ran out of memory could still be chosen.
+            self.emit(ev.Log("warning", f"selector: {oom} profiled layouts ran out of device memory and no "
+                                        "parallelism.memory_budget_gib is set; set it (e.g. the device's memory) "
+                                        "so the selector rules out layouts that do not fit"))
         self.emit(ev.Log("info", f"selector: profiled {profiled} layout x context points{failed} in {seconds:.1f} s{switch}; "
                                  "memory calibration " + ", ".join(f"{s}: overhead {c.overhead / GIB:.2f} GiB x{c.scale:.2f}"
                                                                    for s, c in cal.items())))

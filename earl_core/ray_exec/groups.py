@@ -273,8 +273,11 @@ class TrainerGroup:
         slowest rank and the highest peak count."""
         results = ray.get([a.profile.remote(stage, micro_batch, context, checkpointing) for a in self._lead])
         seconds = max(r["seconds"] for r in results)
-        return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9),
-                "peak_bytes": max(r["peak_bytes"] for r in results)}
+        peak = max(r["peak_bytes"] for r in results)
+        if any(r.get("out_of_memory") for r in results):
+            # One rank out of device memory is the layout out of memory.
+            return {"seconds": seconds, "tokens_per_s": 0.0, "out_of_memory": 1.0, "peak_bytes": peak}
+        return {"seconds": seconds, "tokens_per_s": micro_batch * context / max(seconds, 1e-9), "peak_bytes": peak}
 
     def sft_step(self, records: list[dict[str, Any]], lr: float) -> dict[str, float]:
         return ray.get([a.sft_step.remote([records[i] for i in idx], lr)

@@ -175,3 +175,12 @@ def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
     out = planner.after_iteration({"memory/train_peak_bytes": 1e9, "memory/experience_peak_bytes": 1e9,
                                    "perf/train_s": 1.0, "perf/experience_s": 0.5}, [{"tokens": 400}] * 4)
     assert out["selector/train_fsdp"] == 1.0 and out["selector/train_tp"] == 1.0
+
+
+def test_running_out_of_memory_without_a_budget_asks_for_one(protocol_model: Path) -> None:
+    shape = ModelShape.from_hf_config(Learner(protocol_model, algo=AlgoConfig(), seed=0).model.config.to_dict())
+    emitted: list[ev.Event] = []
+    cfg = ParallelismConfig(mode="auto", micro_batches="1,8", profile_contexts="128,1024")
+    LayoutPlanner(cfg, shape=shape, workers=1, default_micro_batch=1, emit=emitted.append).start(_DeviceOf(4096))
+    warnings = [e.message for e in emitted if isinstance(e, ev.Log) and e.level == "warning"]
+    assert len(warnings) == 1 and "parallelism.memory_budget_gib" in warnings[0]
