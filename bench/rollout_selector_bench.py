@@ -40,7 +40,7 @@ from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.groups import RolloutGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from selector_bench import workload  # noqa: E402 - the same games as the learner's selector bench
+from selector_workload import workload  # noqa: E402 - the same games as the learner's selector bench
 
 ROOT = Path(__file__).resolve().parent
 NEW_TOKENS = 16

@@ -9,20 +9,18 @@ from the sharded learner. Rank 0 writes the measured figures as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
 from earl_core.config import AlgoConfig
 from earl_core.parallel.tensor_parallel import full_optimizer_state, full_state_dict, local_numel
 from earl_core.rl.learner import Learner
+from tests.core.rank_process import join_gloo_group
 
 
 def _records(vocab: int) -> list[dict]:
@@ -53,16 +51,7 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=2,
-                            timeout=timedelta(minutes=5))
-    mesh = init_device_mesh("cpu", (2,))
+    args, mesh = join_gloo_group()
     algo = AlgoConfig(micro_batch=1, lr=1e-3, kl_coef=0.05, max_grad_norm=1.0)
     sharded = Learner(args.model, algo=algo, seed=0, reduce=_all_reduce, dp_mesh=mesh, fsdp=True)
     plain = Learner(args.model, algo=algo, seed=0)

@@ -7,19 +7,17 @@ weights into and out of the split layout is bit-exact. Rank 0 writes the measure
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from earl_core.parallel.tensor_parallel import full_state_dict, load_full_state_dict, local_numel, shard_model
 from earl_core.rl.losses import token_logprobs
+from tests.core.rank_process import join_gloo_group
 
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,17 +31,7 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=args.world, timeout=timedelta(minutes=5))
-    mesh = init_device_mesh("cpu", (args.world,))
+    args, mesh = join_gloo_group()
 
     reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     split = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
