@@ -653,6 +653,21 @@ def test_with_exact_durations_the_head_starts_by_its_reservation_and_estimates_c
         run_id: at for run_id, at in outcome.started.items() if run_id in first.waiting}
 
 
+def test_a_cpu_only_run_backfills_beside_a_head_that_waits_for_gpus_of_its_team_quota() -> None:
+    # Found by the property above: run 8 asks no GPU, yet was held back for "the quota run 6 needs" (GPUs), then
+    # started in the next pass at the same instant, so the first pass's estimate for it was wrong.
+    cpu, gpus = Resources(cpus=0.5, gpus=0, memory_bytes=0), Resources(cpus=0.5, gpus=2, memory_bytes=0)
+    shapes = [cpu, cpu, cpu, cpu, gpus, gpus, Resources(cpus=0.5, gpus=1, memory_bytes=0), cpu]
+    jobs = [Job(request=RunRequest(run_id=i, team="vision", bundles=(b,), submitted_at=0.0,
+                                   expected_duration_s=2.0 if i == 8 else 1.0),
+                true_duration=2.0 if i == 8 else 1.0, estimate_factor=1.0) for i, b in enumerate(shapes, 1)]
+    outcome = simulate({"n1": Resources(cpus=4.0, gpus=3, memory_bytes=0)}, jobs,
+                       {"vision": TeamQuota(max_gpus=4)})
+    _, first = outcome.passes[0]
+    assert 8 in {a.run_id for a in first.admit} and set(first.waiting) == {6}
+    assert outcome.started[6] == first.waiting[6].estimated_start == 1.0
+
+
 # ---- expected ends of running runs --------------------------------------------------------------------------
 
 def test_expected_end_follows_the_measured_pace_then_the_estimate() -> None:

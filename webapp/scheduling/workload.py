@@ -52,9 +52,12 @@ class TeamQuota:
         _check_limit("max_queued", self.max_queued, whole=True)
 
     def excess(self, using: Resources, asks: Resources) -> tuple[str, float] | None:
-        """The first dimension (``gpus``/``cpus``) and its limit that ``using + asks`` would exceed, else None."""
+        """The first dimension (``gpus``/``cpus``) that ``asks`` needs and ``using + asks`` would take over its limit,
+        with that limit; else None. A dimension ``asks`` does not use is not its to exceed (a CPU-only run is not held
+        back because the team's GPUs are spoken for)."""
         for dimension, limit in (("gpus", self.max_gpus), ("cpus", self.max_cpus)):
-            if limit is not None and getattr(using, dimension) + getattr(asks, dimension) > limit:
+            asked = getattr(asks, dimension)
+            if limit is not None and asked > 0 and getattr(using, dimension) + asked > limit:
                 return dimension, limit
         return None
 
