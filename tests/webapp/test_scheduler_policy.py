@@ -549,6 +549,9 @@ def simulate(totals: Mapping[str, Resources], jobs: list[Job], quotas: Mapping[s
                                     now, window_s=window_s, cluster_total=cluster_total)
             decision = plan(SchedulerState(nodes=snapshot(totals, current), queued=tuple(queue.values()),
                                            running=tuple(current), quotas=quotas, usage=usage), now)
+            if out.passes and out.passes[-1][0] == now and not out.passes[-1][1].preempt:
+                # Planning again at the same instant, with nothing stopped meanwhile, starts nothing new.
+                assert not decision.admit, f"a re-plan at t={now} started runs {admitted(decision)}"
             out.passes.append((now, decision))
             if not decision.admit and not decision.preempt:
                 break
@@ -666,6 +669,36 @@ def test_a_cpu_only_run_backfills_beside_a_head_that_waits_for_gpus_of_its_team_
     _, first = outcome.passes[0]
     assert 8 in {a.run_id for a in first.admit} and set(first.waiting) == {6}
     assert outcome.started[6] == first.waiting[6].estimated_start == 1.0
+
+
+def test_a_backfill_that_quota_blocks_the_head_is_settled_in_the_same_decision() -> None:
+    # Found by the property above. Run 8 ends by run 7's reserved start, so it backfills; that puts run 7 (6 CPUs)
+    # over the team's 16 CPUs now, so a re-plan at the same instant held run 7 by quota, reserved nothing, and
+    # started run 9, which the first plan had kept waiting (and estimated at t=1). One decision must settle that.
+    def r(c: float, g: int = 0) -> Resources:
+        return Resources(cpus=c, gpus=g, memory_bytes=0)
+    shapes = {i: ((r(0.5),), 1.0) for i in range(1, 6)}
+    shapes.update({6: ((r(0.5), r(0.5), r(1, 1)), 1.0), 7: ((r(2), r(2), r(2, 1)), 1.0),
+                   8: ((r(2), r(2), r(2)), 1.0), 9: ((r(0.5),), 2.0)})
+    jobs = [Job(request=RunRequest(run_id=i, team="vision", bundles=b, submitted_at=0.0, expected_duration_s=d),
+                true_duration=d, estimate_factor=1.0) for i, (b, d) in shapes.items()]
+    outcome = simulate({"n1": r(4), "n2": r(8, 1)}, jobs, {"vision": TeamQuota(max_cpus=16)})
+    _, first = outcome.passes[0]
+    assert admitted(first) == [1, 2, 3, 4, 5, 6, 8, 9] and first.reservation is None
+    assert first.waiting[7].reason == "quota" and first.waiting[7].estimated_start == outcome.started[7] == 1.0
+
+
+def test_a_teammate_that_outlives_the_reservation_counts_only_runs_still_holding_quota_then() -> None:
+    # The head (8 CPUs; the team may use 10) waits for speech's run 30 to end at t=50. Run 2 (2 CPUs, 100 s)
+    # outlives that start, but the team's run 20 will have ended by then, so head and run 2 fit the quota at t=50
+    # and run 2 may start now.
+    runs = [running(30, "speech", cpus(4), on="n1", ends=50), running(20, "vision", cpus(2), on="n1", ends=40)]
+    queue = [queued(1, "vision", cpus(8), at=1, duration=10), queued(2, "vision", cpus(2), at=2, duration=100)]
+    decision = plan(state({"n1": cpus(10)}, queue=queue, runs=runs, quotas={"vision": TeamQuota(max_cpus=10)}),
+                    now=0)
+    assert admitted(decision) == [2]
+    # Now the team holds 4 CPUs, so the head waits for its quota as well; it still starts at t=50.
+    assert decision.waiting[1].reason == "quota" and decision.waiting[1].estimated_start == 50
 
 
 # ---- expected ends of running runs --------------------------------------------------------------------------
