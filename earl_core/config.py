@@ -244,11 +244,13 @@ class ParallelismConfig:
     mode profiles both and chooses."""
     train_fsdp: bool = False
     """Shard the trained model's parameters, gradients and optimizer state over the trainer's data-parallel
-    ranks with FSDP2 (each rank stores 1/trainer_workers of them; parameters are gathered layer by layer as they
-    are used). Needs trainer_workers >= 2. Static mode: runs sharded throughout (train_tp must be 1). Auto mode:
-    the FSDP layouts (TP=1) become candidates too, profiled beside the others; the selector shards the trainer
-    when that is the fastest layout that fits the memory budget (a switch in or out moves the training state in
-    memory, charged at its measured cost)."""
+    ranks with FSDP2 (each rank stores 1/DP of them, DP = trainer_workers / TP; parameters are gathered layer by
+    layer as they are used). With TP > 1 this is 2-D: the layers' projections are split by TP and sharded by
+    FSDP, so a rank stores 1/(TP x DP) of them. Needs at least 2 data-parallel ranks. Static mode: runs sharded
+    throughout at train_tp. Auto mode: the FSDP layouts of every TP degree that leaves 2 or more DP ranks become
+    candidates too, profiled beside the others; the selector shards the trainer when that is the fastest layout
+    that fits the memory budget (a switch in or out moves the training state in memory, charged at its measured
+    cost)."""
 
     def __post_init__(self) -> None:
         _check_choice("parallelism.mode", self.mode, ("static", "auto"))
@@ -265,10 +267,6 @@ class ParallelismConfig:
         if not isinstance(self.train_fsdp, bool):
             raise ConfigError("parallelism.train_fsdp", f"must be true or false, got {self.train_fsdp!r}",
                               allowed="true, false")
-        if self.train_fsdp and self.mode == "static" and self.train_tp != 1:
-            raise ConfigError("parallelism.train_fsdp", f"FSDP runs with train_tp=1 (got {self.train_tp})",
-                              allowed="false, or parallelism.train_tp=1 (or parallelism.mode=auto, where FSDP "
-                                      "layouts are candidates beside TP ones)")
 
     @property
     def micro_batch_list(self) -> list[int]:
@@ -352,6 +350,12 @@ class RunConfig:
         if self.parallelism.train_fsdp and self.trainer_workers < 2:
             raise ConfigError("parallelism.train_fsdp", "FSDP shards over data-parallel ranks: one trainer worker has "
                               "nothing to shard over", allowed="false, or trainer_workers >= 2")
+        p = self.parallelism
+        if p.train_fsdp and p.mode == "static" and self.trainer_workers // p.train_tp < 2:
+            raise ConfigError("parallelism.train_fsdp", f"FSDP shards over the data-parallel ranks, and "
+                              f"trainer_workers={self.trainer_workers} at train_tp={p.train_tp} leaves one",
+                              allowed=f"false, or train_tp <= {self.trainer_workers // 2} (at least 2 data-parallel "
+                                      "ranks), or parallelism.mode=auto")
         if self.rollout.workers % self.parallelism.rollout_tp:
             raise ConfigError("parallelism.rollout_tp", f"{self.parallelism.rollout_tp} does not divide rollout.workers="
                               f"{self.rollout.workers}",

@@ -91,12 +91,13 @@ class LayoutPlanner:
 
     def splits(self) -> list[Split]:
         """Splits the trainer may run: the configured one in static mode; in auto mode each TP degree unsharded,
-        and with parallelism.train_fsdp also TP=1 sharded with FSDP (two or more DP ranks)."""
+        and with parallelism.train_fsdp also each TP degree sharded with FSDP over its DP ranks (two or more;
+        with TP > 1 that is 2-D FSDP x TP)."""
         if not self.auto:
             return [self.split]
         out: list[Split] = [(tp, "none") for tp in self.tp_options()]
-        if self.cfg.train_fsdp and self.workers > 1:
-            out.append((1, "fsdp"))
+        if self.cfg.train_fsdp:
+            out += [(tp, "fsdp") for tp in self.tp_options() if self.workers // tp >= 2]
         return out
 
     def candidates(self, stage: str, split: Split | None = None) -> list[Layout]:

@@ -92,21 +92,36 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, tp_group: Any | None) -> float:
-    """Clip gradients by their global norm; sharded gradients' squares are summed across ``tp_group``,
-    replicated ones counted once. Returns the norm before clipping."""
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip gradients by their global norm and return the norm before clipping.
+
+    A sharded gradient's squares are summed over the mesh dimensions it is sharded on (TP, FSDP's data-parallel
+    ranks, or both in 2-D); over a dimension it is replicated on, and for a plain tensor, each copy counts once.
+    Gradients are bucketed by (mesh, sharded dimensions) in the order they come, the same on every rank, so each
+    bucket costs one all-reduce per sharded dimension.
+    """
     grads = [p.grad for p in params if p.grad is not None]
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64)
+    buckets: dict[tuple[Any, ...], tuple[DeviceMesh, tuple[int, ...], torch.Tensor]] = {}
     for g in grads:
         sq = local(g).detach().double().pow(2).sum().cpu()
-        if isinstance(g, DTensor):
-            sharded += sq
-        else:
-            replicated += sq
-    if tp_group is not None:
-        dist.all_reduce(sharded, group=tp_group)
-    norm = math.sqrt(float(sharded + replicated))
+        # Sharded on a dimension: Shard, or FSDP's _StridedShard under TP (which is not a Shard subclass).
+        dims = (tuple(i for i, pl in enumerate(g.placements) if not (pl.is_replicate() or pl.is_partial()))
+                if isinstance(g, DTensor) else ())
+        if not dims:
+            total += sq
+            continue
+        mesh = g.device_mesh
+        key = (mesh.mesh_dim_names, tuple(mesh.shape), tuple(mesh.mesh.flatten().tolist()), dims)
+        if key not in buckets:
+            buckets[key] = (mesh, dims, torch.zeros((), dtype=torch.float64))
+        buckets[key][2].add_(sq)
+    # Every rank meets the buckets in the same order (the same parameters), so the collectives line up.
+    for mesh, dims, sq in buckets.values():
+        for dim in dims:
+            dist.all_reduce(sq, group=mesh.get_group(dim))
+        total += sq
+    norm = math.sqrt(float(total))
     if max_norm > 0 and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         for g in grads:

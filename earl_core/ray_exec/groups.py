@@ -206,16 +206,16 @@ def _step_metrics(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TrainerGroup:
-    """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks,
-    or (``fsdp``, TP=1) data-parallel ranks that each store 1/workers of the training state."""
+    """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks;
+    with ``fsdp`` the training state is also sharded over the data-parallel ranks (2-D when tp > 1)."""
 
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
                  temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0, tp: int = 1,
                  fsdp: bool = False) -> None:
         if tp < 1 or workers % tp:
             raise ValueError(f"{workers} trainer workers cannot form tensor-parallel groups of {tp}")
-        if fsdp and (tp != 1 or workers < 2):
-            raise ValueError(f"FSDP needs TP=1 and at least 2 trainer workers (tp={tp}, workers={workers})")
+        if fsdp and workers // tp < 2:
+            raise ValueError(f"FSDP needs at least 2 data-parallel ranks (tp={tp}, workers={workers})")
         self.tp = tp
         self.dp = workers // tp
         self.fsdp = fsdp
@@ -304,9 +304,9 @@ class TrainerGroup:
         (slowest rank)."""
         if tp < 1 or len(self.actors) % tp:
             raise ValueError(f"{len(self.actors)} trainer workers cannot form tensor-parallel groups of {tp}")
-        if fsdp and (tp != 1 or len(self.actors) < 2):
-            raise ValueError(f"FSDP shards over >= 2 data-parallel ranks at TP=1, not {len(self.actors)} "
-                             f"worker(s) at TP={tp}")
+        if fsdp and len(self.actors) // tp < 2:
+            raise ValueError(f"FSDP shards over >= 2 data-parallel ranks, not {len(self.actors)} worker(s) "
+                             f"at TP={tp}")
         seconds = max(ray.get([a.relayout.remote(tp, fsdp) for a in self.actors]))
         self.tp, self.dp = tp, len(self.actors) // tp
         self.fsdp = fsdp

@@ -223,7 +223,7 @@ class TrainerWorker:
         start = time.perf_counter()
         # The old shards carry their own mesh, so the gather inside relayout still runs on the old TP group.
         tp_mesh = self._mesh(tp)
-        self.fsdp = fsdp and tp == 1  # FSDP x TP is not built
+        self.fsdp = fsdp and self._dp_mesh is not None
         self.learner.relayout(tp_mesh, dp_mesh=self._dp_mesh, fsdp=self.fsdp)
         return time.perf_counter() - start
 

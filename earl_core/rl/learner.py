@@ -5,6 +5,7 @@ worker fills with torch.distributed; with the default identity it trains alone. 
 model across a `tp_mesh` with torch.distributed.tensor.parallel (earl_core.parallel.tensor_parallel). With a
 `dp_mesh` and ``fsdp=True`` the trained model is sharded over the data-parallel ranks with FSDP2
 (`torch.distributed.fsdp.fully_shard`): each rank stores 1/DP of the parameters, gradients and Adam moments.
+Both at once is 2-D (the meshes are the two dimensions of one (dp, tp) mesh): FSDP shards the TP shards.
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ def _enable_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _check_fsdp(fsdp: bool, dp_mesh: DeviceMesh | None, tp_mesh: DeviceMesh | None) -> bool:
-    """Whether FSDP is on: asked for, with more than one data-parallel rank and no TP split."""
-    if fsdp and tp_mesh is not None:
-        raise ValueError("FSDP sharding runs with TP=1 only (2-D FSDP x TP is not built)")
+def _check_fsdp(fsdp: bool, dp_mesh: DeviceMesh | None) -> bool:
+    """Whether FSDP is on: asked for, with more than one data-parallel rank."""
     return bool(fsdp and dp_mesh is not None)
 
 
@@ -71,9 +70,9 @@ class Learner:
         # Tensor parallelism: the model (and the reference) split across the ranks of `tp_mesh`, which all
         # see the same data; `reduce` then sums over data-parallel peers only.
         self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
-        # FSDP over the data-parallel ranks (TP=1 only: 2-D FSDP x TP is not built). Off with one rank.
+        # FSDP over the data-parallel ranks (with TP too: 2-D). Off with one data-parallel rank.
         self.dp_mesh = dp_mesh if dp_mesh is not None and dp_mesh.size() > 1 else None
-        self.fsdp = _check_fsdp(fsdp, self.dp_mesh, self.tp_mesh)
+        self.fsdp = _check_fsdp(fsdp, self.dp_mesh)
         # Rollouts sample from softmax(logits / T); the ratio must compare the same distribution.
         self.temperature = temperature
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -218,7 +217,7 @@ class Learner:
             scale = self.dp_mesh.size() / tokens
             for p in params:
                 local(p.grad).mul_(scale)
-            norm = clip_grad_norm(params, self.algo.max_grad_norm, self.dp_mesh.get_group())
+            norm = clip_grad_norm(params, self.algo.max_grad_norm)
             self.optimizer.step()
             self.steps += 1
             return float(norm)
@@ -231,8 +230,7 @@ class Learner:
             n = g.numel()
             g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
-        tp_group = self.tp_mesh.get_group() if self.tp_mesh is not None else None
-        norm = clip_grad_norm(params, self.algo.max_grad_norm, tp_group)
+        norm = clip_grad_norm(params, self.algo.max_grad_norm)
         self.optimizer.step()
         self.steps += 1
         return float(norm)
@@ -326,7 +324,7 @@ class Learner:
         new_dp = dp_mesh if dp_mesh is not None and dp_mesh.size() > 1 else None
         if new_mesh is not None:
             check_tp_degree(self.model.config, new_mesh.size())
-        new_fsdp = _check_fsdp(fsdp, new_dp, new_mesh)
+        new_fsdp = _check_fsdp(fsdp, new_dp)
         weights = full_state_dict(self.model)
         optimizer = full_optimizer_state(self.model, self.optimizer)
         reference = full_state_dict(self.reference) if self.reference is not None else None

@@ -1,10 +1,12 @@
 """One rank of the FSDP checks (run as `python -m tests.core.fsdp_ranks`, one process per rank).
 
-Each rank trains two learners from the same folder: one sharded with FSDP2 over both ranks, fed only this rank's
-share of the games (rank 0 three, rank 1 one, so the ranks run different numbers of micro-batches), and a plain
-single-process learner fed every game (the reference). It compares losses, gradient norms and weights after an SFT
-step and an RL step, checks that moving into and out of the sharded layout is bit-exact, and saves a checkpoint
-from the sharded learner. Rank 0 writes the measured figures as JSON.
+The ranks form a (dp, tp) mesh: two data-parallel ranks, each a TP group of ``--tp`` ranks (1: plain FSDP; 2: FSDP
+x TP in 2-D, four processes). Each rank trains two learners from the same folder: one sharded with FSDP2 over the
+data-parallel ranks (and split by TP), fed only its data-parallel rank's share of the games (the first three, or
+the last one, so the ranks run different numbers of micro-batches), and a plain single-process learner fed every
+game (the reference). It compares losses, gradient norms and weights after an SFT step and an RL step, checks that
+moving into and out of the sharded layout is bit-exact, and saves a checkpoint from the sharded learner. Rank 0
+writes the measured figures as JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
 from earl_core.config import AlgoConfig
@@ -34,11 +37,6 @@ def _records(vocab: int) -> list[dict]:
     return out
 
 
-def _all_reduce(t: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(t)
-    return t
-
-
 def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, float]:
     """Largest absolute difference and the share of entries differing by more than 1e-6."""
     worst, off, total = 0.0, 0, 0
@@ -51,12 +49,21 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float
 
 
 def main() -> None:
-    args, mesh = join_gloo_group()
+    args, _ = join_gloo_group()
+    tp = args.world // 2
+    grid = init_device_mesh("cpu", (2, tp), mesh_dim_names=("dp", "tp"))
+    mesh, tp_mesh = grid["dp"], (grid["tp"] if tp > 1 else None)
+    dp_rank = args.rank // tp
+
+    def dp_sum(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=mesh.get_group())
+        return t
+
     algo = AlgoConfig(micro_batch=1, lr=1e-3, kl_coef=0.05, max_grad_norm=1.0)
-    sharded = Learner(args.model, algo=algo, seed=0, reduce=_all_reduce, dp_mesh=mesh, fsdp=True)
+    sharded = Learner(args.model, algo=algo, seed=0, reduce=dp_sum, dp_mesh=mesh, tp_mesh=tp_mesh, fsdp=True)
     plain = Learner(args.model, algo=algo, seed=0)
     records = _records(int(plain.model.config.vocab_size))
-    mine = records[:3] if args.rank == 0 else records[3:]
+    mine = records[:3] if dp_rank == 0 else records[3:]
     advantages = [0.7, -1.2, 0.4, 1.1]
     result: dict = {"fsdp": sharded.fsdp, "local_parameters": local_numel(sharded.model),
                     "parameters": sum(p.numel() for p in plain.model.parameters())}
@@ -66,7 +73,7 @@ def main() -> None:
     # Each rank's loss is over its own tokens; the plain one over all: compare the gradient norm (global) and weights.
     result["sft"]["weights"] = _diff(full_state_dict(sharded.model), plain.state_dict())
 
-    share = advantages[:3] if args.rank == 0 else advantages[3:]
+    share = advantages[:3] if dp_rank == 0 else advantages[3:]
     s2 = sharded.rl_step(sharded.prepare(mine, share))
     p2 = plain.rl_step(plain.prepare(records, advantages))
     result["rl"] = {"grad_norm": [s2["losses/grad_norm"], p2["losses/grad_norm"]],
@@ -77,7 +84,7 @@ def main() -> None:
     sharded.relayout(None, dp_mesh=mesh, fsdp=False)
     whole = {"fsdp": sharded.fsdp, "local_parameters": local_numel(sharded.model)}
     mid_w = full_state_dict(sharded.model)
-    sharded.relayout(None, dp_mesh=mesh, fsdp=True)
+    sharded.relayout(tp_mesh, dp_mesh=mesh, fsdp=True)
     after_w, after_o = full_state_dict(sharded.model), full_optimizer_state(sharded.model, sharded.optimizer)
     moments = [(a, b) for ia in before_o["state"] for a, b in ((before_o["state"][ia], after_o["state"][ia]),)]
     result["relayout"] = {

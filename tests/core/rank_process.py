@@ -1,5 +1,5 @@
 """The start of one rank process of the multi-process checks (tp_ranks, fsdp_ranks): its arguments, as
-`run_two_ranks` passes them, and its place in a gloo group over loopback."""
+`run_ranks` passes them, and its place in a gloo group over loopback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 def join_gloo_group() -> tuple[argparse.Namespace, DeviceMesh]:
     """Parse --rank/--world/--port/--model/--out, join the gloo group on 127.0.0.1 and return the 1-D mesh of all
-    ranks. One compute thread per rank: the checks start two ranks on a 2-core machine."""
+    ranks. One compute thread per rank: the checks start two (or four) ranks on a 2-core machine."""
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, default=2)

@@ -40,7 +40,7 @@ def test_defaults_round_trip() -> None:
         ({"parallelism": {"train_fsdp": "yes"}}, "parallelism.train_fsdp", "true, false"),
         ({"parallelism": {"train_fsdp": True}}, "parallelism.train_fsdp", "trainer_workers >= 2"),
         ({"trainer_workers": 2, "parallelism": {"train_fsdp": True, "train_tp": 2}}, "parallelism.train_fsdp",
-         "train_tp=1"),
+         "train_tp <= 1 (at least 2 data-parallel ranks)"),
         ({"version": 7}, "version", "1"),
         ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
@@ -52,6 +52,15 @@ def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part:
     assert info.value.field == field
     assert allowed_part in str(info.value.allowed)
     assert field in str(info.value)
+
+
+def test_fsdp_with_tp_is_accepted_while_two_data_parallel_ranks_remain() -> None:
+    cfg = RunConfig.from_dict({"trainer_workers": 4, "rollout": {"groups": 2, "group_size": 4},
+                               "parallelism": {"train_fsdp": True, "train_tp": 2}})
+    assert cfg.parallelism.train_fsdp and cfg.parallelism.train_tp == 2
+    with pytest.raises(ConfigError, match="train_tp <= 2"):
+        RunConfig.from_dict({"trainer_workers": 4, "rollout": {"groups": 2, "group_size": 4},
+                             "parallelism": {"train_fsdp": True, "train_tp": 4}})
 
 
 def test_ints_accepted_for_floats_and_overrides() -> None:

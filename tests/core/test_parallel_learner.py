@@ -124,22 +124,26 @@ def test_a_layout_that_ran_out_of_memory_while_profiling_is_never_chosen(protoco
     assert {c["layout"]: c["fits"] for c in last.candidates}["tp1.dp1.mb8"] is False
 
 
-class _TwoRanks:
-    """A stage target of two ranks whose peaks are what the memory model's formula gives for its current split
-    (plus a fixed 100 MB): FSDP runs at 0.9x the speed of plain DP, TP=2 at 0.5x, recomputation at 0.8x."""
+class _Ranks:
+    """A stage target of ``workers`` ranks whose peaks are what the memory model's formula gives for its current
+    split (plus a fixed 100 MB). Speed relative to plain DP: FSDP 0.9x, TP=2 0.5x (``tp2`` to change it), TP=4
+    0.4x, recomputation ``ckpt`` (0.8x unless given)."""
 
-    def __init__(self, shape: ModelShape) -> None:
+    def __init__(self, shape: ModelShape, workers: int = 2, *, tp2: float = 0.5, ckpt: float = 0.8) -> None:
         self.memory = MemoryModel(shape)
+        self.workers = workers
+        self.speeds = {1: 1.0, 2: tp2, 4: 0.4}
+        self.ckpt = ckpt
         self.split = (1, False)
         self.relayouts: list[tuple[int, bool]] = []
         self.layouts: dict[str, tuple[int, bool]] = {}
 
     def profile(self, stage: str, micro_batch: int, context: int, checkpointing: bool = False) -> dict[str, float]:
         tp, fsdp = self.split
-        layout = Layout(stage, tp=tp, dp=2 // tp, micro_batch=micro_batch, checkpointing=checkpointing,
+        layout = Layout(stage, tp=tp, dp=self.workers // tp, micro_batch=micro_batch, checkpointing=checkpointing,
                         shard="fsdp" if fsdp and stage == "train" else "none")
         peak = self.memory.estimate(layout, Work(sequences=micro_batch * layout.dp, context=context)).dynamic + 1e8
-        speed = (0.5 if tp == 2 else 0.9 if fsdp else 1.0) * (0.8 if checkpointing else 1.0)
+        speed = self.speeds[tp] * (0.9 if fsdp else 1.0) * (self.ckpt if checkpointing else 1.0)
         return {"seconds": 1.0, "tokens_per_s": 1000.0 * speed, "peak_bytes": float(peak)}
 
     def set_layout(self, stage: str, micro_batch: int, checkpointing: bool = False) -> None:
@@ -160,7 +164,7 @@ def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
                             train_fsdp=True)
     planner = LayoutPlanner(cfg, shape=shape, workers=2, default_micro_batch=1, emit=emitted.append)
     assert planner.splits() == [(1, "none"), (2, "none"), (1, "fsdp")]
-    target = _TwoRanks(shape)
+    target = _Ranks(shape)
     planner.start(target)
     # Profiled on every split (out and back: each switch timed), the plain DP train layouts never ran.
     assert target.relayouts == [(2, False), (1, True), (1, False)]
@@ -175,6 +179,30 @@ def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
     out = planner.after_iteration({"memory/train_peak_bytes": 1e9, "memory/experience_peak_bytes": 1e9,
                                    "perf/train_s": 1.0, "perf/experience_s": 0.5}, [{"tokens": 400}] * 4)
     assert out["selector/train_fsdp"] == 1.0 and out["selector/train_tp"] == 1.0
+
+
+def test_auto_mode_runs_fsdp_by_tp_in_2d_when_that_is_the_fastest_layout_that_fits() -> None:
+    # Four ranks, 134M parameters. At 2,048 tokens under a 1.5 GiB budget (predicted peaks: tp1.dp4+fsdp 2.64 GiB,
+    # tp2.dp2 1.77, tp2.dp2+fsdp 1.32, tp4.dp1 0.82) the plain FSDP and TP=2 layouts no longer fit; of those that
+    # do, FSDP x TP (2 replicas at 0.7 x 0.9 of a plain rank's speed) beats TP=4 (1 at 0.4) and the recomputing
+    # ones (0.3x: tp1.dp4+fsdp+ckpt makes 4 x 0.27).
+    shape = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
+    emitted: list[ev.Event] = []
+    cfg = ParallelismConfig(mode="auto", micro_batches="1", profile_contexts="512,2048", memory_budget_gib=1.5,
+                            train_fsdp=True)
+    planner = LayoutPlanner(cfg, shape=shape, workers=4, default_micro_batch=1, emit=emitted.append)
+    assert planner.splits() == [(1, "none"), (2, "none"), (4, "none"), (1, "fsdp"), (2, "fsdp")]
+    target = _Ranks(shape, workers=4, tp2=0.7, ckpt=0.3)
+    planner.start(target)
+    assert (2, True) in target.relayouts and (4, True) not in target.relayouts  # TP=4 leaves one DP rank
+    planner.before_iteration(0, [{"tokens": 400}] * 4, iterations_left=3, target=target)
+    assert planner.split == (1, "fsdp")
+    planner.before_iteration(1, [{"tokens": 2000}] * 4, iterations_left=3, target=target)
+    assert planner.split == (2, "fsdp") and target.split == (2, True)
+    last = [e for e in emitted if isinstance(e, ev.SelectorDecision) and e.stage == "train"][-1]
+    assert last.new_layout["key"] == "tp2.dp2.mb1+fsdp"
+    fits = {c["layout"]: c["fits"] for c in last.candidates}
+    assert fits["tp1.dp4.mb1+fsdp"] is False and fits["tp2.dp2.mb1"] is False and fits["tp4.dp1.mb1"] is True
 
 
 def test_running_out_of_memory_without_a_budget_asks_for_one(protocol_model: Path) -> None:

@@ -23,13 +23,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_two_ranks(module: str, model: Path, out: Path, *extra: str, timeout: float = 300) -> dict:
-    """Run ``module`` as ranks 0 and 1 of a gloo group (real processes) on ``model``; rank 0's JSON result."""
+def run_ranks(module: str, model: Path, out: Path, *extra: str, world: int = 2, timeout: float = 300) -> dict:
+    """Run ``module`` as ranks 0..world-1 of a gloo group (real processes) on ``model``; rank 0's JSON result."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), *extra, "--port", str(port),
-                               "--model", str(model), "--out", str(out)],
+    procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), "--world", str(world), *extra,
+                               "--port", str(port), "--model", str(model), "--out", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+             for r in range(world)]
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
     return json.loads(out.read_text())
@@ -38,8 +38,7 @@ def run_two_ranks(module: str, model: Path, out: Path, *extra: str, timeout: flo
 @pytest.fixture(scope="module")
 def tp2(protocol_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two real processes in a gloo group run tests.core.tp_ranks on the session's tiny model."""
-    return run_two_ranks("tests.core.tp_ranks", protocol_model, tmp_path_factory.mktemp("tp") / "result.json",
-                         "--world", "2")
+    return run_ranks("tests.core.tp_ranks", protocol_model, tmp_path_factory.mktemp("tp") / "result.json")
 
 
 def test_tp2_forward_and_gradients_equal_tp1(tp2: dict) -> None:
