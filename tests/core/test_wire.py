@@ -1,10 +1,15 @@
 """The collective transport: shipments sent over a real gloo dispatch group arrive bit-exact, from many senders at
-once, with and without advantages, and can be forwarded (the peer route)."""
+once, with and without advantages, and can be forwarded (the peer route) — over the socket, and through shared
+memory between members on one node."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,15 +22,22 @@ from earl_core.dispatch.shipment import Shipment
 WORLD = 4
 
 
-@pytest.fixture(scope="module")
-def groups() -> Iterator[list[object]]:
-    """Four ranks of one dispatch group, one per thread of this process, on loopback."""
+@pytest.fixture(scope="module", params=[False, True], ids=["socket", "shared_memory"])
+def groups(request: pytest.FixtureRequest) -> Iterator[list[wire.Member]]:
+    """Four ranks of one dispatch group, one per thread of this process, on loopback: one node, so with shared
+    memory on every shipment goes through /dev/shm; with it off, over the socket."""
     store, port = wire.host_store("127.0.0.1", WORLD, timeout_s=30)
     with ThreadPoolExecutor(WORLD) as pool:
         members = list(pool.map(lambda r: wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=r,
-                                                    world=WORLD, timeout_s=30), range(WORLD)))
+                                                    world=WORLD, timeout_s=30, shared_memory=request.param),
+                                range(WORLD)))
+    assert members[0].same_node == (frozenset({1, 2, 3}) if request.param else frozenset())
     yield members
     del store
+
+
+def shm_files() -> set[str]:
+    return {p.name for p in wire.SHM_DIR.glob("earl-dispatch-*")}
 
 
 def shipment(lengths: list[int], *, first_id: int, advantages: bool, seed: int) -> Shipment:
@@ -49,7 +61,7 @@ def same(a: Shipment, b: Shipment) -> bool:
 @settings(max_examples=15, deadline=None)
 @given(lengths=st.lists(st.lists(st.integers(0, 300), max_size=6), min_size=4, max_size=4),
        advantages=st.booleans())
-def test_shipments_from_two_senders_reach_two_receivers_bit_exact(groups: list[object], lengths: list[list[int]],
+def test_shipments_from_two_senders_reach_two_receivers_bit_exact(groups: list[wire.Member], lengths: list[list[int]],
                                                                   advantages: bool) -> None:
     # Ranks 0 and 1 send; ranks 2 and 3 receive one shipment from each (empty shipments included).
     out = {(src, dst): shipment(lengths[2 * src + dst - 2], first_id=100 * src + 10 * dst, advantages=advantages,
@@ -64,7 +76,7 @@ def test_shipments_from_two_senders_reach_two_receivers_bit_exact(groups: list[o
     assert sent == sum(s.nbytes for s in out.values())  # every field, as Shipment.nbytes counts them
 
 
-def test_a_received_shipment_can_be_forwarded_to_a_peer(groups: list[object]) -> None:
+def test_a_received_shipment_can_be_forwarded_to_a_peer(groups: list[wire.Member]) -> None:
     original = shipment([5, 0, 17], first_id=7, advantages=False, seed=3)
 
     def relay() -> None:
@@ -79,9 +91,55 @@ def test_a_received_shipment_can_be_forwarded_to_a_peer(groups: list[object]) ->
         assert same(final.result(timeout=30)[0], original)
 
 
-def test_two_ranks_that_send_each_other_a_shipment_both_finish(groups: list[object]) -> None:
+def test_two_ranks_that_send_each_other_a_shipment_both_finish(groups: list[wire.Member]) -> None:
     a, b = shipment([3, 9], first_id=1, advantages=True, seed=1), shipment([4], first_id=5, advantages=True, seed=2)
     with ThreadPoolExecutor(2) as pool:
         at_2 = pool.submit(wire.exchange, groups[2], {3: a}, [3])
         at_3 = pool.submit(wire.exchange, groups[3], {2: b}, [2])
         assert same(at_2.result(timeout=30)[0], b) and same(at_3.result(timeout=30)[0], a)
+
+
+def test_same_node_shipments_are_mapped_from_shared_memory_and_leave_no_file(groups: list[wire.Member]) -> None:
+    original = shipment([40, 0, 333], first_id=9, advantages=True, seed=4)
+    before = shm_files()
+    with ThreadPoolExecutor(2) as pool:
+        sent = pool.submit(wire.send, groups[0], {1: original})
+        (got,) = pool.submit(wire.receive, groups[1], [0]).result(timeout=30)
+        sent.result(timeout=30)
+    assert same(got, original)
+    backing = got.token_ids.untyped_storage().filename
+    if groups[0].shm_dir is None:
+        assert backing is None  # received into its own buffer from the socket
+    else:
+        assert backing is not None and backing.startswith(str(wire.SHM_DIR / "earl-dispatch-"))
+    assert shm_files() == before  # the receiver removed the name at once
+
+
+def test_members_on_different_addresses_use_the_socket() -> None:
+    # Two members that name different addresses of this machine (127.0.0.1 and 127.0.0.2) are on different nodes
+    # as far as the group knows: their shipments go over the socket even with shared memory on.
+    store, port = wire.host_store("127.0.0.1", 2, timeout_s=30)
+    with ThreadPoolExecutor(2) as pool:
+        members = list(pool.map(lambda r: wire.join(host=f"127.0.0.{r + 1}", store=("127.0.0.1", port), rank=r,
+                                                    world=2, timeout_s=30), range(2)))
+        assert members[0].same_node == frozenset() == members[1].same_node
+        original = shipment([12, 5], first_id=3, advantages=False, seed=5)
+        pool.submit(wire.send, members[0], {1: original})
+        (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+    assert same(got, original) and got.token_ids.untyped_storage().filename is None
+    del store
+
+
+def test_joining_removes_files_whose_sender_is_gone(tmp_path: Path) -> None:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = wire.SHM_DIR / f"earl-dispatch-{int(child.stdout)}-left"
+    mine = wire.SHM_DIR / f"earl-dispatch-{os.getpid()}-kept"
+    gone.write_bytes(b"x")
+    mine.write_bytes(b"x")
+    try:
+        store, port = wire.host_store("127.0.0.1", 1, timeout_s=30)
+        wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=0, world=1, timeout_s=30)
+        assert not gone.exists() and mine.exists()
+    finally:
+        gone.unlink(missing_ok=True)
+        mine.unlink(missing_ok=True)
