@@ -646,11 +646,15 @@ def test_with_exact_durations_the_head_starts_by_its_reservation_and_estimates_c
             continue
         head, reserved_start = decision.reservation.run_id, decision.reservation.start
         assert reserved_start is not None
-        # Nothing behind the head delays it; a run ahead of it, held back by the team quota then, may go first.
-        ahead_by_quota = [run_id for run_id, w in decision.waiting.items()
-                          if w.reason == "quota" and w.position < decision.waiting[head].position]
+        # Nothing behind the head delays it; a run ahead of it, held back by the team quota then, may go first:
+        # start first, or become the head itself first (first in line, its share of the quota is held for it).
+        ahead_by_quota = {run_id for run_id, w in decision.waiting.items()
+                          if w.reason == "quota" and w.position < decision.waiting[head].position}
+        first_in_line = {later.reservation.run_id for at, later in outcome.passes
+                         if later.reservation is not None and at <= outcome.started[head]}
         assert outcome.started[head] <= reserved_start or any(
-            outcome.started[run_id] <= outcome.started[head] for run_id in ahead_by_quota)
+            outcome.started[run_id] <= outcome.started[head] or run_id in first_in_line
+            for run_id in ahead_by_quota)
     _, first = outcome.passes[0]
     assert {run_id: w.estimated_start for run_id, w in first.waiting.items()} == {
         run_id: at for run_id, at in outcome.started.items() if run_id in first.waiting}
@@ -667,38 +671,65 @@ def test_a_cpu_only_run_backfills_beside_a_head_that_waits_for_gpus_of_its_team_
     outcome = simulate({"n1": Resources(cpus=4.0, gpus=3, memory_bytes=0)}, jobs,
                        {"vision": TeamQuota(max_gpus=4)})
     _, first = outcome.passes[0]
-    assert 8 in {a.run_id for a in first.admit} and set(first.waiting) == {6}
+    # Run 7 (1 GPU) waits though it would end by run 6's start: 2 + 2 + 1 GPUs is over the quota of 4 while
+    # run 6's share is held for it.
+    assert 8 in {a.run_id for a in first.admit} and set(first.waiting) == {6, 7}
     assert outcome.started[6] == first.waiting[6].estimated_start == 1.0
+    assert outcome.started[7] == first.waiting[7].estimated_start == 1.0
 
 
-def test_a_backfill_that_quota_blocks_the_head_is_settled_in_the_same_decision() -> None:
-    # Found by the property above. Run 8 ends by run 7's reserved start, so it backfills; that puts run 7 (6 CPUs)
-    # over the team's 16 CPUs now, so a re-plan at the same instant held run 7 by quota, reserved nothing, and
-    # started run 9, which the first plan had kept waiting (and estimated at t=1). One decision must settle that.
-    def r(c: float, g: int = 0) -> Resources:
-        return Resources(cpus=c, gpus=g, memory_bytes=0)
+def r(c: float, g: int = 0) -> Resources:
+    return Resources(cpus=c, gpus=g, memory_bytes=0)
+
+
+def backlog(shapes: Mapping[int, tuple[tuple[Resources, ...], float]]) -> list[Job]:
+    """Team vision's runs, all submitted at 0 with exact durations: run id -> (bundles, duration)."""
+    return [Job(request=RunRequest(run_id=i, team="vision", bundles=b, submitted_at=0.0, expected_duration_s=d),
+                true_duration=d, estimate_factor=1.0) for i, (b, d) in shapes.items()]
+
+
+def test_a_teammate_that_ends_before_the_heads_start_still_leaves_the_head_its_quota() -> None:
+    # Found by the property above. Run 7 (6 CPUs) waits for a GPU until t=1. Run 8 (6 CPUs, 1 s) would end by
+    # then, but starting it would put run 7 over the team's 16 CPUs now: the next decision would hold run 7 back
+    # by quota with no reservation, and run 9 would have started at once though estimated at t=1. Run 8 waits.
     shapes = {i: ((r(0.5),), 1.0) for i in range(1, 6)}
     shapes.update({6: ((r(0.5), r(0.5), r(1, 1)), 1.0), 7: ((r(2), r(2), r(2, 1)), 1.0),
                    8: ((r(2), r(2), r(2)), 1.0), 9: ((r(0.5),), 2.0)})
-    jobs = [Job(request=RunRequest(run_id=i, team="vision", bundles=b, submitted_at=0.0, expected_duration_s=d),
-                true_duration=d, estimate_factor=1.0) for i, (b, d) in shapes.items()]
-    outcome = simulate({"n1": r(4), "n2": r(8, 1)}, jobs, {"vision": TeamQuota(max_cpus=16)})
+    outcome = simulate({"n1": r(4), "n2": r(8, 1)}, backlog(shapes), {"vision": TeamQuota(max_cpus=16)})
     _, first = outcome.passes[0]
-    assert admitted(first) == [1, 2, 3, 4, 5, 6, 8, 9] and first.reservation is None
-    assert first.waiting[7].reason == "quota" and first.waiting[7].estimated_start == outcome.started[7] == 1.0
+    assert admitted(first) == [1, 2, 3, 4, 5, 6, 9] and first.reservation == Reservation(run_id=7, start=1.0)
+    assert first.waiting[8].reason == "reservation" and "held for run 7" in first.waiting[8].message
+    assert {run_id: w.estimated_start for run_id, w in first.waiting.items()} == {7: 1.0, 8: 2.0}
+    assert outcome.started[7] == 1.0 and outcome.started[8] == 2.0  # at t=1 run 7 leaves it no room
 
 
-def test_a_teammate_that_outlives_the_reservation_counts_only_runs_still_holding_quota_then() -> None:
-    # The head (8 CPUs; the team may use 10) waits for speech's run 30 to end at t=50. Run 2 (2 CPUs, 100 s)
-    # outlives that start, but the team's run 20 will have ended by then, so head and run 2 fit the quota at t=50
-    # and run 2 may start now.
-    runs = [running(30, "speech", cpus(4), on="n1", ends=50), running(20, "vision", cpus(2), on="n1", ends=40)]
-    queue = [queued(1, "vision", cpus(8), at=1, duration=10), queued(2, "vision", cpus(2), at=2, duration=100)]
-    decision = plan(state({"n1": cpus(10)}, queue=queue, runs=runs, quotas={"vision": TeamQuota(max_cpus=10)}),
-                    now=0)
-    assert admitted(decision) == [2]
-    # Now the team holds 4 CPUs, so the head waits for its quota as well; it still starts at t=50.
-    assert decision.waiting[1].reason == "quota" and decision.waiting[1].estimated_start == 50
+def test_short_teammates_cannot_quota_block_the_head_and_let_a_long_run_delay_it() -> None:
+    # Found by the property above. At t=1 run 4 (3 GPUs) is reserved for t=2. Runs 7 and 8 (5 CPUs, ending at
+    # t=2) used to start beside it and put it over the team's 8 CPUs, so it lost its reservation and run 5 (a GPU
+    # until t=4) started and delayed it to t=4. Now they wait and run 4 starts at t=2 as reserved.
+    shapes = {1: ((r(0.5), r(2, 1)), 2.0), 2: ((r(0.5),), 1.0), 3: ((r(0.5), r(0.5), r(2)), 1.0),
+              4: ((r(0.5, 1), r(0.5, 2)), 1.0), 5: ((r(0.5, 1),), 3.0), 6: ((r(0.5),), 1.0),
+              7: ((r(2),), 1.0), 8: ((r(0.5), r(0.5), r(2)), 1.0)}
+    outcome = simulate({"n1": r(8, 3)}, backlog(shapes), {"vision": TeamQuota(max_cpus=8)})
+    assert outcome.started[4] == 2.0
+    _, first = outcome.passes[0]
+    assert first.reservation == Reservation(run_id=4, start=2.0) and first.waiting[4].estimated_start == 2.0
+
+
+def test_a_run_ahead_that_its_quota_held_back_becomes_the_head_and_goes_first() -> None:
+    # Found by the property above. At t=0 run 5 (4.5 CPUs) is held back by the team's 8 CPUs and run 6 is
+    # reserved for t=1. At t=1 run 5 fits the quota and, ahead of run 6 in the queue, becomes the head (GPUs
+    # free at t=3); its share of the quota is held, so run 6 waits until run 3 ends at t=2, as the first
+    # decision's estimate said.
+    shapes = {1: ((r(0.5),), 1.0), 2: ((r(0.5), r(0.5, 1)), 1.0), 3: ((r(0.5),), 2.0),
+              4: ((r(0.5), r(0.5, 1), r(1, 2)), 3.0), 5: ((r(2), r(2), r(0.5, 2)), 1.0),
+              6: ((r(0.5), r(0.5), r(0.5, 1)), 1.0)}
+    outcome = simulate({"n1": r(8, 4)}, backlog(shapes), {"vision": TeamQuota(max_cpus=8)})
+    _, first = outcome.passes[0]
+    assert first.reservation == Reservation(run_id=6, start=1.0) and first.waiting[5].reason == "quota"
+    assert {run_id: w.estimated_start for run_id, w in first.waiting.items()} == {5: 3.0, 6: 2.0}
+    assert outcome.started[5] == 3.0 and outcome.started[6] == 2.0
+    assert any(at == 1.0 and p.reservation == Reservation(run_id=5, start=3.0) for at, p in outcome.passes)
 
 
 # ---- expected ends of running runs --------------------------------------------------------------------------

@@ -90,13 +90,13 @@ def plan(state: SchedulerState, now: float) -> Plan:
     such run becomes the head: it is reserved the time at which running runs, released in order of expected end,
     leave room for it (the shadow time). Later runs start only if that cannot delay the head: they are expected to
     end by the shadow time, or they fit in what the head leaves over at that time (the only way for a run of
-    unknown duration to start behind a head). A high or urgent head that does not fit may instead stop preemptible
-    runs of lower classes (``choose_victims``) and starts once they have stopped. The walk is repeated over the runs
-    still waiting until it starts nothing more (``_Pass.settle``), so planning again at the same instant starts
-    nothing new. Every run left waiting gets its place, reason and expected start (``_forecast``).
+    unknown duration to start behind a head); a run of the head's team also only within what the team quota
+    leaves once the head's share is held for it. So planning again at the same instant starts nothing more. A high or urgent head that does not fit may instead stop preemptible
+    runs of lower classes (``choose_victims``) and starts once they have stopped. Every run left waiting gets its
+    place, reason and expected start (``_forecast``).
     """
     decision = _Pass(state, now, free={n.name: n.free for n in state.nodes})
-    decision.settle()
+    decision.walk()
     estimates = _forecast(state, decision)
     still = [run for run in decision.order if run.run_id in decision.waiting]
     waiting = {run.run_id: Waiting(position=i, reason=decision.waiting[run.run_id][0],
@@ -127,29 +127,9 @@ class _Pass:
         self.leftover: dict[str, Resources] = {}
         self.victims: tuple[RunningRun, ...] = ()
 
-    def settle(self) -> None:
-        """Walk the queue; walk again over the runs still waiting while the last walk put its head over its quota.
-
-        A run started behind the head (one that ends before the head's start) can take quota the head needs now.
-        A re-plan at this instant would then find the head held back by its quota, not by capacity, so it reserves
-        nothing and runs that waited for its reservation may start. Walking again here makes this decision the one
-        a re-plan would reach, so the expected starts the forecast reports come true. With the head unchanged a
-        repeat starts nothing (it sees less free, more used and the same reservation), hence the condition. It
-        ends: each repeat follows a walk that started a run.
-        """
-        remaining = list(self.order)
-        while True:
-            started = len(self.admitted)
-            for run in remaining:
-                self._consider(run)
-            head = self.head
-            if head is None or self.victims or len(self.admitted) == started:
-                return
-            quota = self.state.quotas.get(head.team, UNLIMITED)
-            if quota.excess(self.using.get(head.team, Resources.nothing()), head.total) is None:
-                return
-            remaining = [run for run in remaining if run.run_id in self.waiting]
-            self.waiting, self.head, self.shadow, self.leftover = {}, None, None, {}
+    def walk(self) -> None:
+        for run in self.order:
+            self._consider(run)
 
     def _consider(self, run: RunRequest) -> None:
         quota = self.state.quotas.get(run.team, UNLIMITED)
@@ -177,15 +157,6 @@ class _Pass:
                                             "free resources now")
         else:
             self._backfill(run)
-
-    def _held_at(self, at: float, team: str) -> Resources:
-        """What the team's runs still hold at ``at`` if they end as expected (a run past its end ends now; one
-        with no expected end holds on), the same assumption ``_shadow_time`` makes."""
-        held = Resources.nothing()
-        for run in self.holders:
-            if run.team == team and (run.expected_end is None or max(run.expected_end, self.now) > at):
-                held = held + run.total
-        return held
 
     def _wait(self, run: RunRequest, reason: str, message: str) -> None:
         self.waiting[run.run_id] = (reason, message)
@@ -232,13 +203,16 @@ class _Pass:
             return
         known = run.expected_duration_s is not None
         ends_in_time = known and self.now + run.expected_duration_s <= self.shadow
-        if not ends_in_time and run.team == head.team:
-            # The head's own quota is held for it too, or a teammate backfilled now could quota-block it later.
-            # What counts is the team's use at the head's start: runs expected to end by then have given theirs back.
+        if run.team == head.team:
+            # The head's own quota is held for it while it waits, even against a teammate that would end before
+            # the head's start: a teammate that put the head over its quota now would make the next decision hold
+            # the head back by quota instead, with no reservation, and runs behind it could then start and delay
+            # it past its reserved start (the scheduler property test found both cases).
             quota = self.state.quotas.get(run.team, UNLIMITED)
-            if quota.excess(self._held_at(self.shadow, run.team) + head.total, run.total) is not None:
-                self._wait(run, "reservation", f"it would still run when run {head.run_id} is due to start and use the "
-                                               f"quota of team {run.team!r} that run {head.run_id} needs")
+            if quota.excess(self.using.get(run.team, Resources.nothing()) + head.total, run.total) is not None:
+                self._wait(run, "reservation", f"the quota of team {run.team!r} is held for run {head.run_id} "
+                                               "(first in line for room), and this run does not fit in what is left "
+                                               "of it")
                 return
         if ends_in_time:
             placement = place(run.bundles, self.free)
@@ -349,6 +323,6 @@ def _forecast(state: SchedulerState, first: _Pass) -> dict[int, float]:
             running = [run for run in running if run.run_id not in ended]
         step = _Pass(SchedulerState(nodes=state.nodes, queued=queued, running=running, quotas=state.quotas,
                                     usage=state.usage), clock, free=free)
-        step.settle()
+        step.walk()
         starts.update({a.run_id: clock for a in step.admitted})
     return starts
