@@ -101,27 +101,29 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> flo
     bucket costs one all-reduce per sharded dimension.
     """
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.zeros((), dtype=torch.float64)
+    plain: torch.Tensor | None = None
     buckets: dict[tuple[Any, ...], tuple[DeviceMesh, tuple[int, ...], torch.Tensor]] = {}
     for g in grads:
-        sq = local(g).detach().double().pow(2).sum().cpu()
+        # Squares stay on the gradient's device: NCCL reduces only CUDA tensors (gloo takes CPU ones).
+        sq = local(g).detach().double().pow(2).sum()
         # Sharded on a dimension: Shard, or FSDP's _StridedShard under TP (which is not a Shard subclass).
         dims = (tuple(i for i, pl in enumerate(g.placements) if not (pl.is_replicate() or pl.is_partial()))
                 if isinstance(g, DTensor) else ())
         if not dims:
-            total += sq
+            plain = sq if plain is None else plain + sq
             continue
         mesh = g.device_mesh
         key = (mesh.mesh_dim_names, tuple(mesh.shape), tuple(mesh.mesh.flatten().tolist()), dims)
         if key not in buckets:
-            buckets[key] = (mesh, dims, torch.zeros((), dtype=torch.float64))
+            buckets[key] = (mesh, dims, torch.zeros((), dtype=torch.float64, device=sq.device))
         buckets[key][2].add_(sq)
+    total = 0.0 if plain is None else float(plain)
     # Every rank meets the buckets in the same order (the same parameters), so the collectives line up.
     for mesh, dims, sq in buckets.values():
         for dim in dims:
             dist.all_reduce(sq, group=mesh.get_group(dim))
-        total += sq
-    norm = math.sqrt(float(total))
+        total += float(sq)
+    norm = math.sqrt(total)
     if max_norm > 0 and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         for g in grads:

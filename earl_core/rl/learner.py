@@ -124,7 +124,7 @@ class Learner:
         before the first pass (a collective of its own, it must not interleave with theirs)."""
         if not self.fsdp:
             return count
-        agreed = torch.tensor([count], dtype=torch.long)
+        agreed = torch.tensor([count], dtype=torch.long, device=self.device)  # NCCL reduces CUDA tensors only
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.dp_mesh.get_group())
         return int(agreed.item())
 
