@@ -104,7 +104,10 @@ def _sweep(directory: Path) -> None:
             pid = int(path.name.split("-")[2])
             os.kill(pid, 0)
         except ProcessLookupError:
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except PermissionError:  # another user's file (/dev/shm is sticky): not ours to remove
+                continue
         except (ValueError, PermissionError):
             continue
 
