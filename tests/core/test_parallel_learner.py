@@ -155,16 +155,24 @@ class _Ranks:
         return 0.01
 
 
-def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
-    # 134M parameters: weights, gradients and Adam moments take 2.15 GB per replica, over the 1.9 GiB budget;
-    # sharded over two ranks (or split by TP=2) they fit, and FSDP is the faster of the two.
-    shape = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
+# 134M parameters: big enough that where the training state is kept decides what fits a budget of ~2 GiB.
+_BIG = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
+
+
+def _fsdp_planner(workers: int, profile_contexts: str, budget_gib: float) -> tuple[LayoutPlanner, list[ev.Event]]:
+    """An auto-mode planner with FSDP candidates over ``workers`` ranks of ``_BIG``, and the events it emits."""
     emitted: list[ev.Event] = []
-    cfg = ParallelismConfig(mode="auto", micro_batches="1", profile_contexts="128,512", memory_budget_gib=1.9,
-                            train_fsdp=True)
-    planner = LayoutPlanner(cfg, shape=shape, workers=2, default_micro_batch=1, emit=emitted.append)
+    cfg = ParallelismConfig(mode="auto", micro_batches="1", profile_contexts=profile_contexts,
+                            memory_budget_gib=budget_gib, train_fsdp=True)
+    return LayoutPlanner(cfg, shape=_BIG, workers=workers, default_micro_batch=1, emit=emitted.append), emitted
+
+
+def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
+    # Weights, gradients and Adam moments of _BIG take 2.15 GB per replica, over the 1.9 GiB budget;
+    # sharded over two ranks (or split by TP=2) they fit, and FSDP is the faster of the two.
+    planner, emitted = _fsdp_planner(2, "128,512", 1.9)
     assert planner.splits() == [(1, "none"), (2, "none"), (1, "fsdp")]
-    target = _Ranks(shape)
+    target = _Ranks(_BIG)
     planner.start(target)
     # Profiled on every split (out and back: each switch timed), the plain DP train layouts never ran.
     assert target.relayouts == [(2, False), (1, True), (1, False)]
@@ -182,17 +190,13 @@ def test_auto_mode_shards_with_fsdp_when_only_sharded_state_fits() -> None:
 
 
 def test_auto_mode_runs_fsdp_by_tp_in_2d_when_that_is_the_fastest_layout_that_fits() -> None:
-    # Four ranks, 134M parameters. At 2,048 tokens under a 1.5 GiB budget (predicted peaks: tp1.dp4+fsdp 2.64 GiB,
+    # Four ranks of _BIG. At 2,048 tokens under a 1.5 GiB budget (predicted peaks: tp1.dp4+fsdp 2.64 GiB,
     # tp2.dp2 1.77, tp2.dp2+fsdp 1.32, tp4.dp1 0.82) the plain FSDP and TP=2 layouts no longer fit; of those that
     # do, FSDP x TP (2 replicas at 0.7 x 0.9 of a plain rank's speed) beats TP=4 (1 at 0.4) and the recomputing
     # ones (0.3x: tp1.dp4+fsdp+ckpt makes 4 x 0.27).
-    shape = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
-    emitted: list[ev.Event] = []
-    cfg = ParallelismConfig(mode="auto", micro_batches="1", profile_contexts="512,2048", memory_budget_gib=1.5,
-                            train_fsdp=True)
-    planner = LayoutPlanner(cfg, shape=shape, workers=4, default_micro_batch=1, emit=emitted.append)
+    planner, emitted = _fsdp_planner(4, "512,2048", 1.5)
     assert planner.splits() == [(1, "none"), (2, "none"), (4, "none"), (1, "fsdp"), (2, "fsdp")]
-    target = _Ranks(shape, workers=4, tp2=0.7, ckpt=0.3)
+    target = _Ranks(_BIG, workers=4, tp2=0.7, ckpt=0.3)
     planner.start(target)
     assert (2, True) in target.relayouts and (4, True) not in target.relayouts  # TP=4 leaves one DP rank
     planner.before_iteration(0, [{"tokens": 400}] * 4, iterations_left=3, target=target)
