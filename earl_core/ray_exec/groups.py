@@ -205,6 +205,14 @@ def _step_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def _check_split(workers: int, tp: int, fsdp: bool) -> None:
+    """Whether ``workers`` trainer ranks can run TP degree ``tp``, FSDP-sharded or not (FSDP needs >= 2 DP ranks)."""
+    if tp < 1 or workers % tp:
+        raise ValueError(f"{workers} trainer workers cannot form tensor-parallel groups of {tp}")
+    if fsdp and workers // tp < 2:
+        raise ValueError(f"FSDP shards over >= 2 data-parallel ranks, not {workers} worker(s) at TP={tp}")
+
+
 class TrainerGroup:
     """Trainer ranks sharing one process group: `workers / tp` data-parallel groups of `tp` tensor-parallel ranks;
     with ``fsdp`` the training state is also sharded over the data-parallel ranks (2-D when tp > 1)."""
@@ -212,10 +220,7 @@ class TrainerGroup:
     def __init__(self, model_dir: str, *, workers: int, algo: dict[str, Any], reference_dir: str | None, seed: int,
                  temperature: float = 1.0, num_cpus: float = 1, num_gpus: float = 0, tp: int = 1,
                  fsdp: bool = False) -> None:
-        if tp < 1 or workers % tp:
-            raise ValueError(f"{workers} trainer workers cannot form tensor-parallel groups of {tp}")
-        if fsdp and workers // tp < 2:
-            raise ValueError(f"FSDP needs at least 2 data-parallel ranks (tp={tp}, workers={workers})")
+        _check_split(workers, tp, fsdp)
         self.tp = tp
         self.dp = workers // tp
         self.fsdp = fsdp
@@ -302,11 +307,7 @@ class TrainerGroup:
         """Switch every rank to TP degree ``tp`` (DP = workers / tp), FSDP-sharded over the DP ranks or not;
         weights and optimizer state move in memory between the ranks. Returns the seconds the switch took
         (slowest rank)."""
-        if tp < 1 or len(self.actors) % tp:
-            raise ValueError(f"{len(self.actors)} trainer workers cannot form tensor-parallel groups of {tp}")
-        if fsdp and len(self.actors) // tp < 2:
-            raise ValueError(f"FSDP shards over >= 2 data-parallel ranks, not {len(self.actors)} worker(s) "
-                             f"at TP={tp}")
+        _check_split(len(self.actors), tp, fsdp)
         seconds = max(ray.get([a.relayout.remote(tp, fsdp) for a in self.actors]))
         self.tp, self.dp = tp, len(self.actors) // tp
         self.fsdp = fsdp
