@@ -10,23 +10,32 @@ Between two members on the same node (the same address) the bulk skips the socke
 once into a file in shared memory (``/dev/shm``) and sends only its name; the receiver maps the file (no copy) and
 removes its name at once, so the memory is freed when the receiver drops the tensors. Over loopback TCP the same
 bytes were copied into and out of the kernel with every rank of the machine competing for its cores. When shared
-memory is missing or full, the shipment goes over the socket as before.
+memory is missing or has no room, the shipment goes over the socket as before.
+
+No file outlives a failure: a gloo send completes only once its receiver has posted the matching receive, so a
+sender whose send fails removes the files it wrote, and a receiver removes every file it was named, whether the
+shipment could be read or not. Only a process killed between those points leaves a file; members sweep the files
+of dead senders when they join.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from earl_core.dispatch.plan import ReceiveSchedule
 from earl_core.dispatch.shipment import Shipment
+
+T = TypeVar("T")
 
 HEADER_TAG = 1
 FIELDS: tuple[tuple[str, torch.dtype], ...] = (
@@ -38,6 +47,10 @@ NAME_TAG = 64
 NAME_BYTES = 128
 SHM_DIR = Path("/dev/shm")
 _ALIGN = 8  # every field starts 8-byte aligned in a shared-memory file, so it can be viewed as its dtype
+_FILE = re.compile(r"earl-dispatch-[0-9]+-[0-9a-f]{32}")
+_HEADROOM = 64 << 20
+"""Bytes of shared memory a shipment leaves free (other processes of the node use /dev/shm too); a shipment that
+would leave less goes over the socket instead of filling it."""
 
 
 @dataclass(frozen=True)
@@ -60,30 +73,67 @@ def host_store(host: str, world: int, *, timeout_s: float = 300.0) -> tuple[dist
 
 
 def join(*, host: str, store: tuple[str, int] | dist.Store, rank: int, world: int,
-         timeout_s: float = 300.0, shared_memory: bool = True) -> Member:
+         timeout_s: float = 300.0, shared_memory: bool = True, shm_dir: Path = SHM_DIR) -> Member:
     """Join the dispatch group as ``rank`` of ``world``; traffic leaves from ``host`` (this node's address, so the
     group works inside network namespaces where the hostname does not resolve to an interface of the node).
-    Members learn each other's address (one all-gather), and use shared memory between members with the same
-    one, unless ``shared_memory`` is off or this machine has no ``/dev/shm``."""
+
+    Two members use shared memory between them when both have it on, name the same address, and each sees a
+    file the other made in ``shm_dir``: the address keeps emulated nodes (network namespaces of one machine,
+    which share /dev/shm) apart; the file keeps apart containers that share an address but not /dev/shm."""
     if not isinstance(store, dist.Store):
         store = dist.TCPStore(store[0], store[1], world, False, timedelta(seconds=timeout_s))
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timedelta(seconds=timeout_s)
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     group = dist.ProcessGroupGloo(dist.PrefixStore("dispatch", store), rank, world, options)
-    usable = shared_memory and SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
-    if usable:
-        _sweep(SHM_DIR)
-    # Each member's address, and in the last byte whether it takes shared memory: only a pair of members with
-    # the same address that both do use it.
-    mine = torch.zeros(NAME_BYTES, dtype=torch.uint8)
-    encoded = host.encode()[: NAME_BYTES - 1]
-    mine[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    mine[-1] = int(usable)
-    everyone = [torch.empty(NAME_BYTES, dtype=torch.uint8) for _ in range(world)]
-    group.allgather([everyone], [mine]).wait()
-    same = frozenset(r for r, other in enumerate(everyone) if r != rank and usable and torch.equal(other, mine))
-    return Member(group=group, rank=rank, same_node=same, shm_dir=SHM_DIR if usable else None)
+    probe = _make_probe(shm_dir) if shared_memory else None
+    try:
+        # Each member's address and its probe file's name (empty: no shared memory), then which probes each sees.
+        mine = torch.cat([_encode(host), _encode(probe.name if probe else "")])
+        everyone = [torch.empty(2 * NAME_BYTES, dtype=torch.uint8) for _ in range(world)]
+        group.allgather([everyone], [mine]).wait()
+        seen = torch.zeros(world, dtype=torch.uint8)
+        for r, other in enumerate(everyone):
+            address, name = _decode(other[:NAME_BYTES]), _decode(other[NAME_BYTES:])
+            seen[r] = int(probe is not None and r != rank and address == host and bool(name)
+                          and (shm_dir / name).exists())
+        views = [torch.empty(world, dtype=torch.uint8) for _ in range(world)]
+        group.allgather([views], [seen]).wait()
+    finally:
+        if probe is not None:
+            probe.unlink(missing_ok=True)
+    same = frozenset(r for r in range(world) if seen[r] and views[r][rank])
+    return Member(group=group, rank=rank, same_node=same, shm_dir=shm_dir if probe is not None else None)
+
+
+def _make_probe(shm_dir: Path) -> Path | None:
+    """Sweep the files of dead senders, then make this member's probe file; None when shared memory cannot be
+    used here (no such directory, or not writable)."""
+    if not (shm_dir.is_dir() and os.access(shm_dir, os.W_OK)):
+        return None
+    _sweep(shm_dir)
+    probe = shm_dir / _new_name()
+    try:
+        probe.touch(exist_ok=False)
+    except OSError:
+        return None
+    return probe
+
+
+def _new_name() -> str:
+    return f"earl-dispatch-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def _encode(text: str) -> torch.Tensor:
+    out = torch.zeros(NAME_BYTES, dtype=torch.uint8)
+    encoded = text.encode()[: NAME_BYTES - 1]
+    if encoded:
+        out[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    return out
+
+
+def _decode(message: torch.Tensor) -> str:
+    return bytes(message.tolist()).rstrip(b"\0").decode(errors="replace")
 
 
 def _tensors(shipment: Shipment) -> list[torch.Tensor]:
@@ -112,80 +162,107 @@ def _sweep(directory: Path) -> None:
             continue
 
 
-def _to_shared_memory(member: Member, tensors: list[torch.Tensor]) -> str | None:
-    """Write the fields into a new shared-memory file; its name, or None when there is no room (then the
-    shipment goes over the socket). Written with write(), not through a mapping: a full /dev/shm is then an
-    error here rather than a crash on a page fault."""
+def _padded(nbytes: int) -> int:
+    return nbytes + (-nbytes % _ALIGN)
+
+
+def _to_shared_memory(member: Member, tensors: list[torch.Tensor]) -> Path | None:
+    """Write the fields into a new shared-memory file; its path, or None when there is no room (then the
+    shipment goes over the socket). Free space is checked first, so a shipment never fills /dev/shm for the
+    node's other processes; it is written with write(), not through a mapping, so losing a race for the last
+    pages is an error here (ENOSPC) rather than a crash on a page fault."""
     if member.shm_dir is None:
         return None
-    name = f"earl-dispatch-{os.getpid()}-{uuid.uuid4().hex}"
-    path = member.shm_dir / name
+    nbytes = sum(_padded(t.numel() * t.element_size()) for t in tensors)
+    room = os.statvfs(member.shm_dir)
+    if room.f_bavail * room.f_frsize < nbytes + _HEADROOM:
+        return None
+    path = member.shm_dir / _new_name()
     try:
-        with open(path, "wb") as f:
+        with open(path, "xb") as f:
             for t in tensors:
                 f.write(t.numpy().data)
-                pad = -(t.numel() * t.element_size()) % _ALIGN
-                if pad:
-                    f.write(bytes(pad))
+                f.write(bytes(_padded(t.numel() * t.element_size()) - t.numel() * t.element_size()))
     except OSError:
         path.unlink(missing_ok=True)
         return None
-    return name
+    return path
 
 
-def _post(member: Member, shipments: Mapping[int, Shipment]) -> tuple[list[dist.Work], int]:
-    works, sent = [], 0
+def _post(member: Member, shipments: Mapping[int, Shipment], works: list[dist.Work], files: list[Path]) -> int:
+    """Post every message of ``shipments`` (appending to ``works``, and to ``files`` the shared-memory files
+    written); returns the bytes sent."""
+    sent = 0
     for rank, shipment in shipments.items():
         tensors = _tensors(shipment)
-        name = _to_shared_memory(member, tensors) if rank in member.same_node else None
+        path = _to_shared_memory(member, tensors) if rank in member.same_node else None
+        if path is not None:
+            files.append(path)
         header = torch.tensor([len(shipment), shipment.token_ids.numel(), int(shipment.advantages is not None),
-                               int(name is not None)], dtype=torch.int64)
+                               int(path is not None)], dtype=torch.int64)
         works.append(member.group.send([header], rank, HEADER_TAG))
-        if name is not None:
-            message = torch.zeros(NAME_BYTES, dtype=torch.uint8)
-            message[: len(name)] = torch.frombuffer(bytearray(name.encode()), dtype=torch.uint8)
-            works.append(member.group.send([message], rank, NAME_TAG))
+        if path is not None:
+            works.append(member.group.send([_encode(path.name)], rank, NAME_TAG))
         else:
             for tag, tensor in enumerate(tensors, start=HEADER_TAG + 1):
                 works.append(member.group.send([tensor], rank, tag))
         sent += sum(t.numel() * t.element_size() for t in tensors)
-    return works, sent
+    return sent
+
+
+def _sending(member: Member, shipments: Mapping[int, Shipment], then: Callable[[], T]) -> tuple[int, T]:
+    """Post ``shipments``, run ``then`` (what this rank does while they go), wait for the sends. If anything
+    fails, the files this call wrote are removed: a receiver that has not taken its name by then never will."""
+    works: list[dist.Work] = []
+    files: list[Path] = []
+    try:
+        sent = _post(member, shipments, works, files)
+        result = then()
+        for work in works:
+            work.wait()
+    except BaseException:
+        for path in files:
+            path.unlink(missing_ok=True)
+        raise
+    return sent, result
 
 
 def send(member: Member, shipments: Mapping[int, Shipment]) -> int:
     """Send one shipment to each destination rank of ``shipments`` (all at once); returns the bytes sent."""
-    works, sent = _post(member, shipments)
-    for work in works:
-        work.wait()
+    sent, _ = _sending(member, shipments, lambda: None)
     return sent
 
 
 def exchange(member: Member, outgoing: Mapping[int, Shipment], sources: Sequence[int]) -> list[Shipment]:
     """Send ``outgoing`` and receive one shipment from each of ``sources`` at the same time (two ranks that send
     each other something both make progress: neither waits for its send before posting its receives)."""
-    works, _ = _post(member, outgoing)
-    got = receive(member, sources)
-    for work in works:
-        work.wait()
+    _, got = _sending(member, outgoing, lambda: receive(member, sources))
     return got
 
 
 def _from_shared_memory(member: Member, name: str, sizes: Mapping[str, int],
                         fields: Sequence[tuple[str, torch.dtype]]) -> dict[str, torch.Tensor]:
     """Map a shared-memory file a peer wrote and view its fields in place; the name is removed at once (the
-    mapping keeps the memory until the tensors are dropped)."""
+    mapping keeps the memory until the tensors are dropped). A file of another size than the header's fields
+    is refused: mapping it would read past its end, or zero-fill it to the size asked for."""
     assert member.shm_dir is not None, "a peer sent a shared-memory shipment to a member without shared memory"
     path = member.shm_dir / name
-    nbytes = path.stat().st_size
-    raw = torch.empty(0, dtype=torch.uint8)
-    if nbytes:
-        raw = torch.tensor([], dtype=torch.uint8).set_(torch.UntypedStorage.from_file(str(path), True, nbytes))
-    path.unlink()
+    try:
+        expected = sum(_padded(sizes[field] * dtype.itemsize) for field, dtype in fields)
+        found = path.stat().st_size
+        if found != expected:
+            raise RuntimeError(f"dispatch: shared-memory shipment {path} holds {found} bytes, its header "
+                               f"describes {expected}")
+        raw = torch.empty(0, dtype=torch.uint8)
+        if expected:
+            raw = torch.tensor([], dtype=torch.uint8).set_(torch.UntypedStorage.from_file(str(path), True, expected))
+    finally:
+        path.unlink(missing_ok=True)
     out, at = {}, 0
     for field, dtype in fields:
         size = sizes[field] * dtype.itemsize
         out[field] = raw[at: at + size].view(dtype)
-        at += size + (-size % _ALIGN)
+        at += _padded(size)
     return out
 
 
@@ -199,26 +276,33 @@ def receive(member: Member, sources: Sequence[int]) -> list[Shipment]:
     buffers: list[dict[str, torch.Tensor]] = []
     names: dict[int, tuple[torch.Tensor, dict[str, int], list[tuple[str, torch.dtype]]]] = {}
     works = []
-    for i, (header, src) in enumerate(zip(headers, sources)):
-        samples, tokens, with_advantages, shared = (int(v) for v in header.tolist())
-        sizes = {"ids": samples, "groups": samples, "rewards": samples, "offsets": samples + 1,
-                 "token_ids": tokens, "action_mask": tokens, "advantages": samples}
-        present = [(name, dtype) for name, dtype in FIELDS if name != "advantages" or with_advantages]
-        if shared:
-            message = torch.empty(NAME_BYTES, dtype=torch.uint8)
-            works.append(group.recv([message], src, NAME_TAG))
-            names[i] = (message, sizes, present)
-            buffers.append({})
-            continue
-        fields = {name: torch.empty(sizes[name], dtype=dtype) for name, dtype in present}
-        for tag, tensor in enumerate(fields.values(), start=HEADER_TAG + 1):
-            works.append(group.recv([tensor], src, tag))
-        buffers.append(fields)
-    for work in works:
-        work.wait()
-    for i, (message, sizes, present) in names.items():
-        name = bytes(message.tolist()).rstrip(b"\0").decode()
-        buffers[i] = _from_shared_memory(member, name, sizes, present)
+    try:
+        for i, (header, src) in enumerate(zip(headers, sources)):
+            samples, tokens, with_advantages, shared = (int(v) for v in header.tolist())
+            sizes = {"ids": samples, "groups": samples, "rewards": samples, "offsets": samples + 1,
+                     "token_ids": tokens, "action_mask": tokens, "advantages": samples}
+            present = [(name, dtype) for name, dtype in FIELDS if name != "advantages" or with_advantages]
+            if shared:
+                message = torch.zeros(NAME_BYTES, dtype=torch.uint8)
+                works.append(group.recv([message], src, NAME_TAG))
+                names[i] = (message, sizes, present)
+                buffers.append({})
+                continue
+            fields = {name: torch.empty(sizes[name], dtype=dtype) for name, dtype in present}
+            for tag, tensor in enumerate(fields.values(), start=HEADER_TAG + 1):
+                works.append(group.recv([tensor], src, tag))
+            buffers.append(fields)
+        for work in works:
+            work.wait()
+        for i, (message, sizes, present) in names.items():
+            buffers[i] = _from_shared_memory(member, _decode(message), sizes, present)
+    except BaseException:
+        # Every file this rank was named is its own to remove (its sender's part is done); a name still
+        # arriving is incomplete and matches no file.
+        for message, _, _ in names.values():
+            if member.shm_dir is not None and _FILE.fullmatch(name := _decode(message)):
+                (member.shm_dir / name).unlink(missing_ok=True)
+        raise
     return [Shipment(**fields) for fields in buffers]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,3 +144,96 @@ def test_joining_removes_files_whose_sender_is_gone(tmp_path: Path) -> None:
     finally:
         gone.unlink(missing_ok=True)
         mine.unlink(missing_ok=True)
+
+
+def pair(shm_dirs: tuple[Path, Path], *, timeout_s: float = 30) -> tuple[list[wire.Member], object]:
+    """Two members on 127.0.0.1, each with its own idea of where shared memory is; the store, to keep alive."""
+    store, port = wire.host_store("127.0.0.1", 2, timeout_s=timeout_s)
+    with ThreadPoolExecutor(2) as pool:
+        members = list(pool.map(lambda r: wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=r, world=2,
+                                                    timeout_s=timeout_s, shm_dir=shm_dirs[r]), range(2)))
+    return members, store
+
+
+def files_in(directory: Path) -> list[Path]:
+    return sorted(directory.glob("earl-dispatch-*"))
+
+
+def test_members_that_share_an_address_but_not_shared_memory_use_the_socket(tmp_path: Path) -> None:
+    # Two containers on one address, each with its own /dev/shm: neither sees the other's probe file.
+    (a := tmp_path / "a").mkdir()
+    (b := tmp_path / "b").mkdir()
+    members, store = pair((a, b))
+    assert members[0].same_node == frozenset() == members[1].same_node
+    original = shipment([30, 2], first_id=1, advantages=True, seed=6)
+    with ThreadPoolExecutor(2) as pool:
+        pool.submit(wire.send, members[0], {1: original})
+        (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+    assert same(got, original) and got.token_ids.untyped_storage().filename is None
+    # The same two members with one shared directory do use it; the probes are gone once they have joined.
+    members, store = pair((a, a))
+    assert members[0].same_node == frozenset({1}) and members[1].same_node == frozenset({0})
+    assert files_in(a) == [] and files_in(b) == []
+    with ThreadPoolExecutor(2) as pool:
+        pool.submit(wire.send, members[0], {1: original})
+        (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+    assert same(got, original) and str(got.token_ids.untyped_storage().filename).startswith(str(a))
+    del store
+
+
+def test_a_send_that_nobody_receives_fails_and_removes_its_file(tmp_path: Path) -> None:
+    members, store = pair((tmp_path, tmp_path), timeout_s=2)
+    with pytest.raises(RuntimeError, match="[Tt]imed out"):
+        wire.send(members[0], {1: shipment([50], first_id=0, advantages=False, seed=7)})
+    assert files_in(tmp_path) == []
+    del store
+
+
+def test_a_shared_memory_file_that_does_not_match_its_header_is_refused_and_removed(tmp_path: Path) -> None:
+    members, store = pair((tmp_path, tmp_path))
+    original = shipment([64, 3], first_id=0, advantages=True, seed=8)
+    expected = sum(-(-t.numel() * t.element_size() // 8) * 8 for t in wire._tensors(original))
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(wire.send, members[0], {1: original})
+        deadline = time.monotonic() + 30
+        while not (written := files_in(tmp_path)) or written[0].stat().st_size != expected:
+            assert time.monotonic() < deadline, "the sender never wrote its file"
+            time.sleep(0.01)
+        with open(written[0], "ab") as f:  # damaged after the sender wrote it
+            f.write(b"\0" * 8)
+        with pytest.raises(RuntimeError, match=f"holds {expected + 8} bytes, its header describes {expected}"):
+            wire.receive(members[1], [0])
+        assert sent.result(timeout=30) == original.nbytes  # the sender's part was done
+    assert files_in(tmp_path) == []
+    del store
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """An 80 MiB tmpfs of its own: shared memory with little room (mounting needs root, as in CI here)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)  # lazy: a failed test may still map a file
+
+
+def test_a_shipment_that_would_fill_shared_memory_goes_over_the_socket(small_tmpfs: Path) -> None:
+    # 80 MiB of room, 64 MiB of which stay free for the node's other processes: a 1 MiB shipment fits, 20 MiB not.
+    members, store = pair((small_tmpfs, small_tmpfs))
+    assert members[0].same_node == frozenset({1})
+    small = shipment([1 << 18], first_id=0, advantages=False, seed=9)  # 256 Ki tokens x 5 bytes: 1.25 MiB
+    large = shipment([4 << 20], first_id=1, advantages=False, seed=10)  # 20 MiB
+    for original, through_file in ((small, True), (large, False)):
+        with ThreadPoolExecutor(2) as pool:
+            pool.submit(wire.send, members[0], {1: original})
+            (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+        assert same(got, original)
+        assert (got.token_ids.untyped_storage().filename is not None) == through_file
+        del got
+    assert files_in(small_tmpfs) == []
+    del store
