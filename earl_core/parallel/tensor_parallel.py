@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from earl_core.errors import ConfigError
@@ -96,7 +96,9 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> flo
     """Clip gradients by their global norm and return the norm before clipping.
 
     A sharded gradient's squares are summed over the mesh dimensions it is sharded on (TP, FSDP's data-parallel
-    ranks, or both in 2-D); over a dimension it is replicated on, and for a plain tensor, each copy counts once.
+    ranks, or both in 2-D); over a dimension it is replicated on, and for a plain tensor, each copy counts once;
+    a partial gradient (pending a sum over ranks) is summed first. Clipping scales every local part alike, which
+    is right for partial ones too (scaling commutes with the pending sum).
     Gradients are bucketed by (mesh, sharded dimensions) in the order they come, the same on every rank, so each
     bucket costs one all-reduce per sharded dimension.
     """
@@ -104,6 +106,10 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> flo
     plain: torch.Tensor | None = None
     buckets: dict[tuple[Any, ...], tuple[DeviceMesh, tuple[int, ...], torch.Tensor]] = {}
     for g in grads:
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            # A partial gradient's local part is a summand, not a copy: its square counts only once summed (a
+            # collective over those dimensions; every rank meets the same parameters in the same order).
+            g = g.detach().redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
         # Squares stay on the gradient's device: NCCL reduces only CUDA tensors (gloo takes CPU ones).
         sq = local(g).detach().double().pow(2).sum()
         # Sharded on a dimension: Shard, or FSDP's _StridedShard under TP (which is not a Shard subclass).

@@ -41,6 +41,11 @@ def tp2(protocol_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_ranks("tests.core.tp_ranks", protocol_model, tmp_path_factory.mktemp("tp") / "result.json")
 
 
+def test_clipping_takes_the_norm_of_full_gradients_whether_partial_sharded_or_replicated(tp2: dict) -> None:
+    assert tp2["clip_norm"] == pytest.approx(tp2["clip_norm_expected"], rel=1e-6)
+    assert tp2["clipped_max_diff"] < 1e-6
+
+
 def test_tp2_forward_and_gradients_equal_tp1(tp2: dict) -> None:
     assert tp2["sharded_params"] > 0 and tp2["local_numel"] < tp2["full_numel"]  # really split
     assert tp2["logits_max_diff"] < 1e-4

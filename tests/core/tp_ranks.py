@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
 
-from earl_core.parallel.tensor_parallel import full_state_dict, load_full_state_dict, local_numel, shard_model
+from earl_core.parallel.tensor_parallel import (clip_grad_norm, full_state_dict, load_full_state_dict, local_numel,
+                                                shard_model)
 from earl_core.rl.losses import token_logprobs
 from tests.core.rank_process import join_gloo_group
 
@@ -67,7 +68,26 @@ def main() -> None:
             q.mul_(0.0)
     load_full_state_dict(plain, back)  # TP -> TP=1
 
+    # Gradient clipping over hand-made gradients: one partial (each rank holds a summand), one sharded, one
+    # replicated; the norm must be that of the full gradients, and clipping must scale the full gradients.
+    full = {"partial": torch.arange(6.0) * 3, "sharded": torch.arange(8.0) - 2, "replicated": torch.full((3,), 0.5)}
+    summand = full["partial"] * (1 + 2 * args.rank) / args.world ** 2  # sum over ranks of 1+2r: world**2
+    clip_params = []
+    for name, placement, local_grad in (("partial", Partial(), summand),
+                                        ("sharded", Shard(0), full["sharded"].chunk(args.world)[args.rank]),
+                                        ("replicated", Replicate(), full["replicated"])):
+        q = torch.nn.Parameter(distribute_tensor(torch.zeros_like(full[name]), mesh, [Replicate()]))
+        q.grad = DTensor.from_local(local_grad.clone(), mesh, [placement])
+        clip_params.append(q)
+    expected_norm = float(torch.cat(list(full.values())).norm())
+    clip_norm = clip_grad_norm(clip_params, max_norm=1.0)
+    clipped = torch.cat([q.grad.full_tensor() for q in clip_params])
+    clipped_expected = torch.cat(list(full.values())) / (expected_norm + 1e-6)
+
     result = {
+        "clip_norm": clip_norm,
+        "clip_norm_expected": expected_norm,
+        "clipped_max_diff": float((clipped - clipped_expected).abs().max()),
         "logits_max_diff": float((tp_logits - ref_logits).detach().abs().max()),
         "loss_diff": float((tp_loss - ref_loss).detach().abs()),
         "grad_max_diff": max(grad_diff.values()),
