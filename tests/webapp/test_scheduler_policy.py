@@ -728,6 +728,7 @@ def test_a_run_ahead_that_its_quota_held_back_becomes_the_head_and_goes_first() 
     _, first = outcome.passes[0]
     assert first.reservation == Reservation(run_id=6, start=1.0) and first.waiting[5].reason == "quota"
     assert {run_id: w.estimated_start for run_id, w in first.waiting.items()} == {5: 3.0, 6: 2.0}
+    assert "expected in 2 s" in first.waiting[6].message  # its estimate, not the reservation's t=1
     assert outcome.started[5] == 3.0 and outcome.started[6] == 2.0
     assert any(at == 1.0 and p.reservation == Reservation(run_id=5, start=3.0) for at, p in outcome.passes)
 

@@ -98,11 +98,15 @@ def plan(state: SchedulerState, now: float) -> Plan:
     decision = _Pass(state, now, free={n.name: n.free for n in state.nodes})
     decision.walk()
     estimates = _forecast(state, decision)
+    head = decision.head
+    if head is not None and not decision.victims and decision.shadow is not None and head.run_id in estimates:
+        # The reservation holds room from the shadow time, but a run ahead that its quota holds back now may
+        # become the head first and start then; the message gives the same time as the run's estimated start.
+        decision.waiting[head.run_id] = ("capacity", _reserved_message(estimates[head.run_id] - now))
     still = [run for run in decision.order if run.run_id in decision.waiting]
     waiting = {run.run_id: Waiting(position=i, reason=decision.waiting[run.run_id][0],
                                    message=decision.waiting[run.run_id][1], estimated_start=estimates.get(run.run_id))
                for i, run in enumerate(still, start=1)}
-    head = decision.head
     return Plan(admit=tuple(decision.admitted), preempt=tuple(v.run_id for v in decision.victims), waiting=waiting,
                 reservation=None if head is None else Reservation(run_id=head.run_id, start=decision.shadow))
 
@@ -191,8 +195,7 @@ class _Pass:
             self._wait(run, "capacity", f"first in line for room; its bundles ({run.total.describe()}) do not fit "
                                         "now and the runs holding what it needs have no expected end")
         else:
-            self._wait(run, "capacity", f"first in line for room; resources are reserved for it, expected in "
-                                        f"{self.shadow - self.now:g} s as running runs end")
+            self._wait(run, "capacity", _reserved_message(self.shadow - self.now))
 
     def _backfill(self, run: RunRequest) -> None:
         head = self.head
@@ -233,6 +236,10 @@ class _Pass:
         if not ends_in_time:
             self.leftover = occupy(self.leftover, run.bundles, placement)
         self._admit(run, placement, backfilled=True)
+
+
+def _reserved_message(seconds: float) -> str:
+    return f"first in line for room; resources are reserved for it, expected in {seconds:g} s as running runs end"
 
 
 def _name(other: RunRequest | RunningRun, team: str) -> str:
