@@ -15,13 +15,14 @@ memory is missing or has no room, the shipment goes over the socket as before.
 No file outlives a failure: a gloo send completes only once its receiver has posted the matching receive, so a
 sender whose send fails removes the files it wrote, and a receiver removes every file it was named, whether the
 shipment could be read or not. Only a process killed between those points leaves a file; members sweep the files
-of dead senders when they join.
+of dead senders (older than the group's timeout) when they join.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def join(*, host: str, store: tuple[str, int] | dist.Store, rank: int, world: in
     options._timeout = timedelta(seconds=timeout_s)
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     group = dist.ProcessGroupGloo(dist.PrefixStore("dispatch", store), rank, world, options)
-    probe = _make_probe(shm_dir) if shared_memory else None
+    probe = _make_probe(shm_dir, timeout_s) if shared_memory else None
     try:
         # Each member's address and its probe file's name (empty: no shared memory), then which probes each sees.
         mine = torch.cat([_encode(host), _encode(probe.name if probe else "")])
@@ -95,7 +96,7 @@ def join(*, host: str, store: tuple[str, int] | dist.Store, rank: int, world: in
         seen = torch.zeros(world, dtype=torch.uint8)
         for r, other in enumerate(everyone):
             address, name = _decode(other[:NAME_BYTES]), _decode(other[NAME_BYTES:])
-            seen[r] = int(probe is not None and r != rank and address == host and bool(name)
+            seen[r] = int(probe is not None and r != rank and address == host and bool(_FILE.fullmatch(name))
                           and (shm_dir / name).exists())
         views = [torch.empty(world, dtype=torch.uint8) for _ in range(world)]
         group.allgather([views], [seen]).wait()
@@ -106,12 +107,12 @@ def join(*, host: str, store: tuple[str, int] | dist.Store, rank: int, world: in
     return Member(group=group, rank=rank, same_node=same, shm_dir=shm_dir if probe is not None else None)
 
 
-def _make_probe(shm_dir: Path) -> Path | None:
+def _make_probe(shm_dir: Path, stale_s: float) -> Path | None:
     """Sweep the files of dead senders, then make this member's probe file; None when shared memory cannot be
     used here (no such directory, or not writable)."""
     if not (shm_dir.is_dir() and os.access(shm_dir, os.W_OK)):
         return None
-    _sweep(shm_dir)
+    _sweep(shm_dir, stale_s)
     probe = shm_dir / _new_name()
     try:
         probe.touch(exist_ok=False)
@@ -146,17 +147,21 @@ def _tensors(shipment: Shipment) -> list[torch.Tensor]:
     return out
 
 
-def _sweep(directory: Path) -> None:
-    """Remove shared-memory files whose sender process is gone: a receiver that failed before taking its
-    shipment leaves the file behind, and nothing else would free that memory."""
+def _sweep(directory: Path, stale_s: float) -> None:
+    """Remove shared-memory files whose sender process is gone and that are older than ``stale_s`` (the group's
+    timeout): a receiver that failed before taking its shipment leaves the file behind, and nothing else would
+    free that memory. The age guards a live sender in another PID namespace sharing this /dev/shm (containers):
+    its pid means nothing here, but a file of its is in flight for at most the timeout of its send."""
+    now = time.time()
     for path in directory.glob("earl-dispatch-*-*"):
         try:
             pid = int(path.name.split("-")[2])
             os.kill(pid, 0)
         except ProcessLookupError:
             try:
-                path.unlink(missing_ok=True)
-            except PermissionError:  # another user's file (/dev/shm is sticky): not ours to remove
+                if now - path.stat().st_mtime > stale_s:
+                    path.unlink(missing_ok=True)
+            except (PermissionError, FileNotFoundError):  # another user's file (/dev/shm is sticky), or gone
                 continue
         except (ValueError, PermissionError):
             continue
@@ -189,20 +194,22 @@ def _to_shared_memory(member: Member, tensors: list[torch.Tensor]) -> Path | Non
     return path
 
 
-def _post(member: Member, shipments: Mapping[int, Shipment], works: list[dist.Work], files: list[Path]) -> int:
-    """Post every message of ``shipments`` (appending to ``works``, and to ``files`` the shared-memory files
-    written); returns the bytes sent."""
+def _post(member: Member, shipments: Mapping[int, Shipment], works: list[dist.Work],
+          files: list[tuple[Path, dist.Work | None]]) -> int:
+    """Post every message of ``shipments`` (appending to ``works``, and to ``files`` each shared-memory file
+    written with the send of its name, None until that is posted); returns the bytes sent."""
     sent = 0
     for rank, shipment in shipments.items():
         tensors = _tensors(shipment)
         path = _to_shared_memory(member, tensors) if rank in member.same_node else None
         if path is not None:
-            files.append(path)
+            files.append((path, None))
         header = torch.tensor([len(shipment), shipment.token_ids.numel(), int(shipment.advantages is not None),
                                int(path is not None)], dtype=torch.int64)
         works.append(member.group.send([header], rank, HEADER_TAG))
         if path is not None:
             works.append(member.group.send([_encode(path.name)], rank, NAME_TAG))
+            files[-1] = (path, works[-1])
         else:
             for tag, tensor in enumerate(tensors, start=HEADER_TAG + 1):
                 works.append(member.group.send([tensor], rank, tag))
@@ -212,19 +219,35 @@ def _post(member: Member, shipments: Mapping[int, Shipment], works: list[dist.Wo
 
 def _sending(member: Member, shipments: Mapping[int, Shipment], then: Callable[[], T]) -> tuple[int, T]:
     """Post ``shipments``, run ``then`` (what this rank does while they go), wait for the sends. If anything
-    fails, the files this call wrote are removed: a receiver that has not taken its name by then never will."""
+    fails, each file this call wrote whose name did not reach its receiver is removed (the send of a name
+    completes only once the receiver has it; a receiver that has it owns the file)."""
     works: list[dist.Work] = []
-    files: list[Path] = []
+    files: list[tuple[Path, dist.Work | None]] = []
     try:
         sent = _post(member, shipments, works, files)
         result = then()
         for work in works:
             work.wait()
     except BaseException:
-        for path in files:
-            path.unlink(missing_ok=True)
+        for path, named in files:
+            if not _delivered(named):
+                path.unlink(missing_ok=True)
         raise
     return sent, result
+
+
+def _delivered(work: dist.Work | None) -> bool:
+    """Whether a posted send or receive went through, waiting for it if it is still running (at most the group's
+    timeout). A finished one is asked, not waited on again: a second wait on a gloo work blocks until the
+    timeout."""
+    if work is None:
+        return False
+    if work.is_completed():
+        return work.exception() is None
+    try:
+        return bool(work.wait())
+    except Exception:  # noqa: BLE001 - a failed send is the answer here, not an error to pass on
+        return False
 
 
 def send(member: Member, shipments: Mapping[int, Shipment]) -> int:
@@ -246,6 +269,8 @@ def _from_shared_memory(member: Member, name: str, sizes: Mapping[str, int],
     mapping keeps the memory until the tensors are dropped). A file of another size than the header's fields
     is refused: mapping it would read past its end, or zero-fill it to the size asked for."""
     assert member.shm_dir is not None, "a peer sent a shared-memory shipment to a member without shared memory"
+    if not _FILE.fullmatch(name):
+        raise RuntimeError(f"dispatch: a peer named {name!r} as its shared-memory shipment, not a dispatch file")
     path = member.shm_dir / name
     try:
         expected = sum(_padded(sizes[field] * dtype.itemsize) for field, dtype in fields)
@@ -275,7 +300,8 @@ def receive(member: Member, sources: Sequence[int]) -> list[Shipment]:
         work.wait()
     buffers: list[dict[str, torch.Tensor]] = []
     names: dict[int, tuple[torch.Tensor, dict[str, int], list[tuple[str, torch.dtype]]]] = {}
-    works = []
+    works: list[dist.Work] = []
+    named: list[dist.Work] = []
     try:
         for i, (header, src) in enumerate(zip(headers, sources)):
             samples, tokens, with_advantages, shared = (int(v) for v in header.tolist())
@@ -284,7 +310,7 @@ def receive(member: Member, sources: Sequence[int]) -> list[Shipment]:
             present = [(name, dtype) for name, dtype in FIELDS if name != "advantages" or with_advantages]
             if shared:
                 message = torch.zeros(NAME_BYTES, dtype=torch.uint8)
-                works.append(group.recv([message], src, NAME_TAG))
+                named.append(group.recv([message], src, NAME_TAG))
                 names[i] = (message, sizes, present)
                 buffers.append({})
                 continue
@@ -292,13 +318,16 @@ def receive(member: Member, sources: Sequence[int]) -> list[Shipment]:
             for tag, tensor in enumerate(fields.values(), start=HEADER_TAG + 1):
                 works.append(group.recv([tensor], src, tag))
             buffers.append(fields)
-        for work in works:
+        # Names first: once each has arrived this rank owns its file, whatever happens to the other messages.
+        for work in named + works:
             work.wait()
         for i, (message, sizes, present) in names.items():
             buffers[i] = _from_shared_memory(member, _decode(message), sizes, present)
     except BaseException:
-        # Every file this rank was named is its own to remove (its sender's part is done); a name still
-        # arriving is incomplete and matches no file.
+        # Every file this rank is named is its own to remove: its sender's send completes (and so keeps the
+        # file) once the name is here, so names still on their way are waited for (at most the group's timeout).
+        for work in named:
+            _delivered(work)
         for message, _, _ in names.values():
             if member.shm_dir is not None and _FILE.fullmatch(name := _decode(message)):
                 (member.shm_dir / name).unlink(missing_ok=True)

@@ -131,23 +131,30 @@ def test_members_on_different_addresses_use_the_socket() -> None:
     del store
 
 
-def test_joining_removes_files_whose_sender_is_gone(tmp_path: Path) -> None:
+def test_joining_removes_files_whose_sender_is_gone_once_older_than_the_timeout(tmp_path: Path) -> None:
+    # A pid that is gone here may be a live sender in another PID namespace sharing /dev/shm: only files older
+    # than the group's timeout (30 s here), which no send can still be waiting on, are removed.
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = wire.SHM_DIR / f"earl-dispatch-{int(child.stdout)}-left"
-    mine = wire.SHM_DIR / f"earl-dispatch-{os.getpid()}-kept"
-    gone.write_bytes(b"x")
-    mine.write_bytes(b"x")
-    try:
-        store, port = wire.host_store("127.0.0.1", 1, timeout_s=30)
-        wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=0, world=1, timeout_s=30)
-        assert not gone.exists() and mine.exists()
-    finally:
-        gone.unlink(missing_ok=True)
-        mine.unlink(missing_ok=True)
+    gone = tmp_path / f"earl-dispatch-{int(child.stdout)}-left"
+    fresh = tmp_path / f"earl-dispatch-{int(child.stdout)}-fresh"
+    mine = tmp_path / f"earl-dispatch-{os.getpid()}-kept"
+    for path in (gone, fresh, mine):
+        path.write_bytes(b"x")
+    an_hour_ago = time.time() - 3600
+    os.utime(gone, (an_hour_ago, an_hour_ago))
+    os.utime(mine, (an_hour_ago, an_hour_ago))
+    store, port = wire.host_store("127.0.0.1", 1, timeout_s=30)
+    wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=0, world=1, timeout_s=30, shm_dir=tmp_path)
+    assert not gone.exists() and fresh.exists() and mine.exists()
 
 
-def pair(shm_dirs: tuple[Path, Path], *, timeout_s: float = 30) -> tuple[list[wire.Member], object]:
+def pair(shm_dirs: tuple[Path, Path], *, timeout_s: float = 30,
+         need_room: bool = True) -> tuple[list[wire.Member], object]:
     """Two members on 127.0.0.1, each with its own idea of where shared memory is; the store, to keep alive."""
+    for directory in shm_dirs if need_room else ():  # a shipment leaves 64 MiB free there, or goes over the socket
+        room = os.statvfs(directory)
+        if room.f_bavail * room.f_frsize < 128 << 20:
+            pytest.skip(f"{directory} has less than 128 MiB free")
     store, port = wire.host_store("127.0.0.1", 2, timeout_s=timeout_s)
     with ThreadPoolExecutor(2) as pool:
         members = list(pool.map(lambda r: wire.join(host="127.0.0.1", store=("127.0.0.1", port), rank=r, world=2,
@@ -167,22 +174,24 @@ def test_members_that_share_an_address_but_not_shared_memory_use_the_socket(tmp_
     assert members[0].same_node == frozenset() == members[1].same_node
     original = shipment([30, 2], first_id=1, advantages=True, seed=6)
     with ThreadPoolExecutor(2) as pool:
-        pool.submit(wire.send, members[0], {1: original})
+        sent = pool.submit(wire.send, members[0], {1: original})
         (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+        assert sent.result(timeout=30) == original.nbytes
     assert same(got, original) and got.token_ids.untyped_storage().filename is None
     # The same two members with one shared directory do use it; the probes are gone once they have joined.
     members, store = pair((a, a))
     assert members[0].same_node == frozenset({1}) and members[1].same_node == frozenset({0})
     assert files_in(a) == [] and files_in(b) == []
     with ThreadPoolExecutor(2) as pool:
-        pool.submit(wire.send, members[0], {1: original})
+        sent = pool.submit(wire.send, members[0], {1: original})
         (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+        assert sent.result(timeout=30) == original.nbytes
     assert same(got, original) and str(got.token_ids.untyped_storage().filename).startswith(str(a))
     del store
 
 
 def test_a_send_that_nobody_receives_fails_and_removes_its_file(tmp_path: Path) -> None:
-    members, store = pair((tmp_path, tmp_path), timeout_s=2)
+    members, store = pair((tmp_path, tmp_path), timeout_s=5)
     with pytest.raises(RuntimeError, match="[Tt]imed out"):
         wire.send(members[0], {1: shipment([50], first_id=0, advantages=False, seed=7)})
     assert files_in(tmp_path) == []
@@ -213,9 +222,13 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """An 80 MiB tmpfs of its own: shared memory with little room (mounting needs root, as in CI here)."""
     mount = tmp_path / "shm"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(mount)],
+                                 capture_output=True).returncode == 0
+    except FileNotFoundError:  # no mount command
+        mounted = False
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount)")
     try:
         yield mount
     finally:
@@ -224,14 +237,15 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_shipment_that_would_fill_shared_memory_goes_over_the_socket(small_tmpfs: Path) -> None:
     # 80 MiB of room, 64 MiB of which stay free for the node's other processes: a 1 MiB shipment fits, 20 MiB not.
-    members, store = pair((small_tmpfs, small_tmpfs))
+    members, store = pair((small_tmpfs, small_tmpfs), need_room=False)
     assert members[0].same_node == frozenset({1})
     small = shipment([1 << 18], first_id=0, advantages=False, seed=9)  # 256 Ki tokens x 5 bytes: 1.25 MiB
     large = shipment([4 << 20], first_id=1, advantages=False, seed=10)  # 20 MiB
     for original, through_file in ((small, True), (large, False)):
         with ThreadPoolExecutor(2) as pool:
-            pool.submit(wire.send, members[0], {1: original})
+            sent = pool.submit(wire.send, members[0], {1: original})
             (got,) = pool.submit(wire.receive, members[1], [0]).result(timeout=30)
+            assert sent.result(timeout=30) == original.nbytes
         assert same(got, original)
         assert (got.token_ids.untyped_storage().filename is not None) == through_file
         del got
