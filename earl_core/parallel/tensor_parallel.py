@@ -100,7 +100,7 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> flo
     a partial gradient (pending a sum over ranks) is summed first. Clipping scales every local part alike, which
     is right for partial ones too (scaling commutes with the pending sum).
     Gradients are bucketed by (mesh, sharded dimensions) in the order they come, the same on every rank, so each
-    bucket costs one all-reduce per sharded dimension.
+    bucket costs one all-reduce per sharded dimension (and each partial gradient one more, to sum it).
     """
     grads = [p.grad for p in params if p.grad is not None]
     plain: torch.Tensor | None = None
