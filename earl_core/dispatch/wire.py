@@ -13,8 +13,8 @@ bytes were copied into and out of the kernel with every rank of the machine comp
 memory is missing or has no room, the shipment goes over the socket as before.
 
 No file outlives a failure: a gloo send completes only once its receiver has posted the matching receive, so a
-sender whose send fails removes the files it wrote, and a receiver removes every file it was named, whether the
-shipment could be read or not. Only a process killed between those points leaves a file; members sweep the files
+sender whose call fails removes each file whose name did not reach its receiver, and a receiver removes every file
+it was named, whether the shipment could be read or not. Only a process killed between those points leaves a file; members sweep the files
 of dead senders (older than the group's timeout) when they join.
 """
 
@@ -186,8 +186,9 @@ def _to_shared_memory(member: Member, tensors: list[torch.Tensor]) -> Path | Non
     try:
         with open(path, "xb") as f:
             for t in tensors:
-                f.write(t.numpy().data)
-                f.write(bytes(_padded(t.numel() * t.element_size()) - t.numel() * t.element_size()))
+                data = t.numpy().data
+                f.write(data)
+                f.write(bytes(_padded(data.nbytes) - data.nbytes))
     except OSError:
         path.unlink(missing_ok=True)
         return None
