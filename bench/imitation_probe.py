@@ -51,6 +51,17 @@ ROOT = Path(__file__).resolve().parent
 TACTICS = ("win", "vwin", "block", "vblock")
 
 
+def cell_words(board: Board) -> str:
+    """The board as one word per cell -- column letter, row letter (bottom row a), content x / o / e -- rows top to
+    bottom: `--board cells` tests whether a stone that is one token (its place in its identity) makes the tactics
+    learnable, where the row layout needs positional reasoning."""
+    rows = []
+    for row in range(5, -1, -1):
+        rows.append(" ".join("abcdefg"[c] + "abcdef"[row] + "xoe"[[1, 2, 0].index(board.cell(row, c))]
+                             for c in range(7)))
+    return "\n".join(rows)
+
+
 def vertical_four(board: Board, column: int, player: int) -> bool:
     """Whether `player` dropping into `column` completes a vertical four."""
     height = sum(1 for row in range(6) if board.cell(row, column) != 0)
@@ -183,9 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--puzzle-only", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--board", choices=("rows", "cells"), default="rows",
+                   help="the board text in the prompts: the protocol's rows, or one word per cell (cell_words)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.board == "cells":
+        Board.to_text = cell_words  # this process only: the prompts, the tokenizer's corpus and the games read it
     overrides = {k: v for k, v in {"num_hidden_layers": args.layers, "hidden_size": args.hidden,
                                    "num_attention_heads": args.heads, "intermediate_size": args.intermediate}.items()
                  if v is not None}

@@ -162,6 +162,17 @@ class RolloutWorker:
         self.engine.close()
 
 
+def _destroy_mesh_groups(mesh: Any) -> None:
+    """Destroy the process groups of ``mesh``'s dimensions, except the default group (a dimension that spans
+    the whole world is the default group itself)."""
+    if mesh is None:
+        return
+    for name in mesh.mesh_dim_names:
+        group = mesh.get_group(name)
+        if group is not dist.group.WORLD:
+            dist.destroy_process_group(group)
+
+
 class TrainerWorker:
     """One data-parallel rank of the trainer; ranks all-reduce gradients with gloo (CPU) or NCCL (GPU)."""
 
@@ -173,6 +184,7 @@ class TrainerWorker:
         self._received: tuple[list[dict[str, Any]], list[float]] = ([], [])
         self._dp_group: Any = None
         self._dp_mesh: Any = None
+        self._world_mesh: Any = None  # the (dp, tp) mesh whose groups the learner uses now
         self.fsdp = False
         self.device = "cpu"
 
@@ -210,6 +222,7 @@ class TrainerWorker:
         """(dp, tp) mesh over the whole group; sets the DP group and returns the TP mesh (None for tp=1)."""
         # Rank = dp_index * tp + tp_index: the ranks of one TP group are neighbours (one node, when packed).
         mesh = init_device_mesh(self.device, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        self._world_mesh = mesh
         self._dp_mesh = mesh["dp"] if self.world_size // tp > 1 else None
         self._dp_group = self._dp_mesh.get_group() if self._dp_mesh is not None else None
         return mesh["tp"] if tp > 1 else None
@@ -222,9 +235,15 @@ class TrainerWorker:
             return 0.0
         start = time.perf_counter()
         # The old shards carry their own mesh, so the gather inside relayout still runs on the old TP group.
+        old = self._world_mesh
         tp_mesh = self._mesh(tp)
         self.fsdp = fsdp and self._dp_mesh is not None
         self.learner.relayout(tp_mesh, dp_mesh=self._dp_mesh, fsdp=self.fsdp)
+        # Every init_device_mesh makes new groups (each holds sockets and threads under gloo, communicators under
+        # NCCL), so a run that switches often would pile them up. The barrier first: a rank may finish its last
+        # collective on an old group while a peer is still in it.
+        dist.barrier()
+        _destroy_mesh_groups(old)
         return time.perf_counter() - start
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:

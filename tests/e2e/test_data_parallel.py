@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+import torch.distributed as dist
 
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
@@ -104,6 +105,12 @@ def test_tensor_parallel_ranks_match_one_learner_and_checkpoint_in_the_tp1_forma
         assert torch.allclose(entry["exp_avg_sq"], single_state[idx]["exp_avg_sq"], rtol=1e-3, atol=1e-12)
 
 
+def process_groups(group: TrainerGroup) -> list[int]:
+    """How many process groups each trainer rank holds (c10d's registry)."""
+    count = lambda _worker: len(dist.distributed_c10d._world.pg_map)  # noqa: E731
+    return ray.get([a.__ray_call__.remote(count) for a in group.actors])
+
+
 def test_layout_switch_between_dp_and_tp_moves_weights_and_optimizer_in_memory(
         protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
     enc = ChatEncoder(protocol_tokenizer)
@@ -131,11 +138,17 @@ def test_layout_switch_between_dp_and_tp_moves_weights_and_optimizer_in_memory(
             back = group.relayout(1)                              # TP=2 -> DP=2
             got = ray.get(group.weights()[0])
             whole = group.local_parameters()
+            held = process_groups(group)
+            group.relayout(2)
+            group.relayout(1)                                     # another round trip
+            held_again = process_groups(group)
+            group.rl_step(records, advantages)                    # the groups in use survived the cleanup
         finally:
             group.close()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the switch moved the weights bit for bit
     assert whole[0] == whole[1] > max(split)  # split in two while TP=2, whole again on DP=2
     assert to_tp > 0 and back > 0
+    assert held_again == held  # a switch destroys the old layout's groups instead of piling them up
     # Two steps across the switch land where one learner's two steps do: the optimizer state moved too (a
     # fresh AdamW for step 2 would take a different, sign-sized step).
     base = Learner(protocol_model, algo=algo).state_dict()
