@@ -57,7 +57,7 @@ def cell_words(board: Board) -> str:
     learnable, where the row layout needs positional reasoning."""
     rows = []
     for row in range(5, -1, -1):
-        rows.append(" ".join("abcdefg"[c] + "abcdef"[row] + "xoe"[[1, 2, 0].index(board.cell(row, c))]
+        rows.append(" ".join("abcdefg"[c] + "abcdef"[row] + "exo"[board.cell(row, c)]
                              for c in range(7)))
     return "\n".join(rows)
 

@@ -165,8 +165,6 @@ class RolloutWorker:
 def _destroy_mesh_groups(mesh: Any) -> None:
     """Destroy the process groups of ``mesh``'s dimensions, except the default group (a dimension that spans
     the whole world is the default group itself)."""
-    if mesh is None:
-        return
     for name in mesh.mesh_dim_names:
         group = mesh.get_group(name)
         if group is not dist.group.WORLD:
