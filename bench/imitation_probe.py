@@ -40,7 +40,7 @@ from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import protocol_corpus, teacher_policy
-from earl_core.config import AlgoConfig
+from earl_core.config import BOARD_FORMATS, AlgoConfig
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent, opponent_wins_at
 from earl_core.models import create_model
@@ -49,17 +49,6 @@ from earl_core.rl.learner import Learner
 
 ROOT = Path(__file__).resolve().parent
 TACTICS = ("win", "vwin", "block", "vblock")
-
-
-def cell_words(board: Board) -> str:
-    """The board as one word per cell -- column letter, row letter (bottom row a), content x / o / e -- rows top to
-    bottom: `--board cells` tests whether a stone that is one token (its place in its identity) makes the tactics
-    learnable, where the row layout needs positional reasoning."""
-    rows = []
-    for row in range(5, -1, -1):
-        rows.append(" ".join("abcdefg"[c] + "abcdef"[row] + "exo"[board.cell(row, c)]
-                             for c in range(7)))
-    return "\n".join(rows)
 
 
 def vertical_four(board: Board, column: int, player: int) -> bool:
@@ -84,7 +73,7 @@ def turn_kind(board: Board) -> tuple[str, list[int] | None]:
     return "centre", None
 
 
-def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float) -> list[dict[str, Any]]:
+def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float, board_format: str) -> list[dict[str, Any]]:
     """Heuristic games against random and heuristic opponents (as the warm start plays them), each agent turn
     labelled with its kind; win/block answers weigh `weight` in the loss (the action mask carries the weight)."""
     teacher = make_opponent("heuristic")
@@ -92,7 +81,7 @@ def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float) ->
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % 2]),
                       seed=seed + i) for i in range(games)]
     episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=seed), encoder,
-                             limits=RunnerLimits(max_context=4096))
+                             limits=RunnerLimits(max_context=4096, board_format=board_format))
     out = []
     for ep in episodes:
         r = ep.record()
@@ -114,7 +103,8 @@ def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float) ->
     return out
 
 
-def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int, weight: float) -> list[dict[str, Any]]:
+def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int, weight: float,
+            board_format: str) -> list[dict[str, Any]]:
     """One-turn conversations from the games' positions, 70% of them win/block turns."""
     rng = random.Random(seed)
     pool = [(g["side"], p) for g in games for p in g["positions"]]
@@ -125,8 +115,8 @@ def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int
     for _ in range(n):
         side, (board, kind, good, column) = rng.choice(tactical) if rng.random() < 0.7 else rng.choice(other)
         # The opponent's last move is not kept with the position; a first-turn prompt shows the board alone.
-        ids = (encoder.message("system", protocol.system_prompt(side)) +
-               encoder.message("user", protocol.turn_prompt(board, None)) + encoder.generation_prompt())
+        ids = (encoder.message("system", protocol.system_prompt(side, board_format)) +
+               encoder.message("user", protocol.turn_prompt(board, None, board_format)) + encoder.generation_prompt())
         answer = tok.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
         w = weight if kind in TACTICS else 1.0
         out.append({"token_ids": ids + answer, "action_mask": [0.0] * len(ids) + [w] * len(answer),
@@ -194,28 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--puzzle-only", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--board", choices=("rows", "cells"), default="rows",
-                   help="the board text in the prompts: the protocol's rows, or one word per cell (cell_words)")
+    p.add_argument("--board", choices=BOARD_FORMATS, default="rows",
+                   help="the board text in the prompts (game.board_format): rows, or cells (one word per cell)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.board == "cells":
-        Board.to_text = cell_words  # this process only: the prompts, the tokenizer's corpus and the games read it
     overrides = {k: v for k, v in {"num_hidden_layers": args.layers, "hidden_size": args.hidden,
                                    "num_attention_heads": args.heads, "intermediate_size": args.intermediate}.items()
                  if v is not None}
     factory.MODEL_PRESETS["probe"] = dataclasses.replace(factory.MODEL_PRESETS[args.preset], **overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = create_model("probe", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed), seed=args.seed)
+        model_dir = create_model("probe", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed, board_format=args.board),
+                                 seed=args.seed)
         learner = Learner(model_dir, algo=AlgoConfig(lr=args.lr, micro_batch=args.micro_batch), seed=args.seed)
         encoder = ChatEncoder(learner.tokenizer)
         params = sum(q.numel() for q in learner.model.parameters())
         started = time.perf_counter()
-        train = teacher_games(encoder, args.games, 1000, args.tactic_weight)
-        held = teacher_games(encoder, 300, 10_000_000, 1.0)
+        train = teacher_games(encoder, args.games, 1000, args.tactic_weight, args.board)
+        held = teacher_games(encoder, 300, 10_000_000, 1.0, args.board)
         kinds = Counter(kind for g in train for kind, _, _ in g["turns"])
         if args.puzzles:
-            extra = puzzles(encoder, train, args.puzzles, args.seed + 1, args.tactic_weight)
+            extra = puzzles(encoder, train, args.puzzles, args.seed + 1, args.tactic_weight, args.board)
             train = extra if args.puzzle_only else train + extra
         print(f"{params:,} parameters; {len(train)} training conversations, mean "
               f"{sum(len(r['token_ids']) for r in train) / len(train):.0f} tokens; turns {dict(kinds)} "

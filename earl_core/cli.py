@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from earl_core.config import RunConfig, apply_overrides, load_config, opponent_list
+from earl_core.config import BOARD_FORMATS, RunConfig, apply_overrides, load_config, opponent_list
 from earl_core.errors import EarlError
 from earl_core.events import EventSink
 
@@ -69,22 +69,29 @@ def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: i
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    return _print_eval(args.checkpoint, args.opponent, args.games, args.engine, args.seed)
+    from earl_core.evaluate import checkpoint_limits
+
+    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format)
+    return _print_eval(args.checkpoint, args.opponent, args.games, args.engine, args.seed, limits=limits)
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
     from earl_core.agent.teacher import protocol_corpus
     from earl_core.models import create_model
 
-    out = create_model(args.preset, Path(args.out), corpus=protocol_corpus(400, seed=args.seed), seed=args.seed)
+    corpus = protocol_corpus(400, seed=args.seed, board_format=args.board_format)
+    out = create_model(args.preset, Path(args.out), corpus=corpus, seed=args.seed)
     print(out)
     return 0
 
 
 def cmd_play(args: argparse.Namespace) -> int:
+    from earl_core.evaluate import checkpoint_limits
     from earl_core.play import play_in_terminal
 
-    return play_in_terminal(args.checkpoint, human_side=args.side, engine=args.engine, seed=args.seed or random.randrange(1 << 30))
+    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format)
+    return play_in_terminal(args.checkpoint, human_side=args.side, engine=args.engine,
+                            seed=args.seed or random.randrange(1 << 30), limits=limits)
 
 
 def cmd_config_doc(args: argparse.Namespace) -> int:
@@ -109,17 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--games", type=int, default=100, help="games per side")
     e.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--board-format", choices=BOARD_FORMATS, help="board text in the prompts (default: the one the "
+                   "checkpoint was trained with, rows for a model without earl_state.json)")
     e.set_defaults(func=cmd_eval)
     pl = sub.add_parser("play", help="play against a checkpoint in the terminal")
     pl.add_argument("--checkpoint", required=True)
     pl.add_argument("--side", type=int, choices=[1, 2], default=1, help="1 = you move first")
     pl.add_argument("--engine", default="hf", choices=["vllm", "hf"])
     pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--board-format", choices=BOARD_FORMATS, help="board text in the prompts (default: the checkpoint's)")
     pl.set_defaults(func=cmd_play)
     m = sub.add_parser("init-model", help="build a fresh model of a preset (random weights) + tokenizer in Hugging Face format")
     m.add_argument("--preset", default="tiny")
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--board-format", choices=BOARD_FORMATS, default="rows",
+                   help="board text the tokenizer is trained on (use the game.board_format the model will play with)")
     m.set_defaults(func=cmd_init_model)
     d = sub.add_parser("config-doc", help="print the config reference (every field, default and meaning)")
     d.set_defaults(func=cmd_config_doc)

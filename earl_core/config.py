@@ -17,6 +17,7 @@ CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
 FLOAT_MAX_BITS = 1024  # ints above 2**1024 overflow a float
 _OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
+BOARD_FORMATS = ("rows", "cells")  # how the agent protocol writes the board (earl_core.agent.protocol)
 OPPONENT_ALLOWED = ("random, heuristic, heuristic:P (P% random moves, 0..100), solver, solver:D with D in 1..42, "
                     "or a comma-separated list of these")
 
@@ -81,12 +82,17 @@ class GameConfig:
     """Invalid answers tolerated per turn: each gets feedback and a retry; one more loses the game."""
     format_penalty: float = 0.0
     """Reward subtracted per invalid answer (on top of win +1 / loss -1 / draw 0)."""
+    board_format: str = "rows"
+    """How each turn writes the board: rows (a column header, then rows of X / O / .) or cells (one word per
+    cell, e.g. `dax` = column d (3), bottom row a, X; a freshly built tokenizer makes each one token, which small
+    models learn tactics from far sooner). A checkpoint records it; eval and play use the checkpoint's."""
 
     def __post_init__(self) -> None:
         opponent_list(self.opponent, "game.opponent")
         _check_choice("game.agent_side", self.agent_side, ("first", "second", "both"))
         _check_range("game.max_invalid", self.max_invalid, 0, 10)
         _check_range("game.format_penalty", self.format_penalty, 0.0, 1.0)
+        _check_choice("game.board_format", self.board_format, BOARD_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,13 @@ class SFTConfig:
     imitated positions cover both weak and sensible opposition."""
     games: int = 2000
     """Teacher games to imitate."""
+    positions: int = 0
+    """One-turn conversations added to the warm start: one agent turn of the teacher games each (system prompt,
+    board, the teacher's answer), 70% of them turns where a column wins for either side. A turn is ~8x shorter
+    than a game, so they give many more optimiser steps per minute on the tactics (batches hold games or
+    positions, never both: a batch is padded to its longest conversation)."""
     epochs: int = 2
-    """Passes over the teacher games."""
+    """Passes over the teacher games (and the positions)."""
     lr: float = 1e-3
     """Learning rate of the warm start."""
     batch: int = 32
@@ -197,6 +208,7 @@ class SFTConfig:
             raise ConfigError("sft.teacher", f"unknown teacher {self.teacher!r}", allowed="heuristic, solver, solver:D with D in 1..42")
         opponent_list(self.opponents, "sft.opponents")
         _check_range("sft.games", self.games, 1, 10_000_000)
+        _check_range("sft.positions", self.positions, 0, 10_000_000)
         _check_range("sft.epochs", self.epochs, 1, 1000)
         _check_range("sft.lr", self.lr, 1e-8, 1.0)
         _check_range("sft.batch", self.batch, 1, 4096)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, engine_policy, play_episodes
-from earl_core.config import RunConfig
+from earl_core.checkpoints import STATE_FILE
+from earl_core.config import GameConfig, RolloutConfig, RunConfig
 from earl_core.engines.base import SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 
@@ -81,5 +84,31 @@ def evaluate_checkpoint(model_dir: str, *, opponent: str, games: int, engine: st
 
 def run_limits(cfg: RunConfig) -> RunnerLimits:
     """The protocol limits a run was trained under (evaluation should play by the same rules)."""
-    return RunnerLimits(max_invalid=cfg.game.max_invalid, format_penalty=cfg.game.format_penalty,
-                        max_context=cfg.rollout.max_context, max_new_tokens=cfg.rollout.max_new_tokens)
+    return _limits(cfg.game, cfg.rollout)
+
+
+def _limits(game: GameConfig, rollout: RolloutConfig) -> RunnerLimits:
+    return RunnerLimits(max_invalid=game.max_invalid, format_penalty=game.format_penalty,
+                        max_context=rollout.max_context, max_new_tokens=rollout.max_new_tokens,
+                        board_format=game.board_format)
+
+
+def checkpoint_limits(model_dir: str, *, board_format: str | None = None) -> RunnerLimits:
+    """The protocol a checkpoint was trained under, from the run config its earl_state.json records (a model
+    from elsewhere -- a hub id, a folder without that file -- gets the defaults); `board_format` overrides it.
+
+    Only the game and rollout sections are read, each field falling back to its default: a checkpoint of an
+    older version of this library (fewer or other fields elsewhere in its config) still evaluates."""
+    saved: dict[str, Any] = {}
+    state = Path(model_dir) / STATE_FILE
+    if state.is_file():
+        saved = json.loads(state.read_text()).get("config") or {}
+
+    def section(cls: type, name: str) -> Any:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (saved.get(name) or {}).items() if k in known})
+
+    limits = _limits(section(GameConfig, "game"), section(RolloutConfig, "rollout"))
+    if board_format is not None:
+        limits = replace(limits, board_format=GameConfig(board_format=board_format).board_format)
+    return limits

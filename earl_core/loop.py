@@ -22,7 +22,7 @@ from earl_core import events as ev
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import protocol_corpus, teacher_policy
+from earl_core.agent.teacher import one_turn_positions, protocol_corpus, teacher_policy
 from earl_core.checkpoints import STATE_FILE, complete_checkpoints
 from earl_core.config import RunConfig, opponent_list
 from earl_core.env.connect_four import Board
@@ -60,7 +60,8 @@ def base_model_dir(cfg: RunConfig) -> str:
     target = cfg.run_dir / "base_model"
     if not (target / "config.json").exists():
         shutil.rmtree(target, ignore_errors=True)
-        create_model(cfg.model.preset, target, corpus=protocol_corpus(400, seed=cfg.seed), seed=cfg.seed,
+        corpus = protocol_corpus(400, seed=cfg.seed, board_format=cfg.game.board_format)
+        create_model(cfg.model.preset, target, corpus=corpus, seed=cfg.seed,
                      vocab_size=cfg.model.vocab_size)
     return str(target)
 
@@ -212,7 +213,7 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
         planner.start(trainer)
         rollout_planner = RolloutPlanner(cfg.parallelism, shape=shape, workers=cfg.rollout.workers,
                                          games=cfg.games_per_iteration, engine=cfg.rollout.engine,
-                                         step_tokens=turn_tokens(init_dir), new_tokens=cfg.rollout.max_new_tokens,
+                                         step_tokens=turn_tokens(init_dir, cfg.game.board_format), new_tokens=cfg.rollout.max_new_tokens,
                                          max_context=cfg.rollout.max_context, emit=stream.emit,
                                          whole_devices=gpus in (0, 1))
         built = time.perf_counter()
@@ -251,12 +252,13 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
     return RunSummary("succeeded", done, last_ckpt, values, str(run_dir))
 
 
-def turn_tokens(model_dir: str) -> int:
+def turn_tokens(model_dir: str, board_format: str = "rows") -> int:
     """Prompt tokens a game turn adds to the conversation (the opponent's move, the board, the legal columns and
     the assistant header): what each rollout turn prefills on top of the cached conversation."""
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(model_dir))
     board = Board.from_moves("4453")
-    return len(encoder.message("user", protocol.turn_prompt(board, 2))) + len(encoder.generation_prompt())
+    prompt = protocol.turn_prompt(board, 2, board_format)
+    return len(encoder.message("user", prompt)) + len(encoder.generation_prompt())
 
 
 def _iteration(cfg: RunConfig, it: int, rollout: RolloutGroup, trainer: TrainerGroup, baseline: RunningBaseline,
@@ -337,8 +339,8 @@ def _checkpoint(cfg: RunConfig, trainer: TrainerGroup, iteration: int, baseline:
 
 def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream, *,
                 should_stop: Callable[[], bool]) -> bool:
-    """Imitate a teacher's moves (SFT on whole conversations) before RL; False when a stop request ended it
-    between two steps."""
+    """Imitate a teacher's moves (SFT on whole conversations, and on one-turn positions where configured) before
+    RL; False when a stop request ended it between two steps."""
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
     teacher = make_opponent(cfg.sft.teacher)
     opponents = opponent_list(cfg.sft.opponents, "sft.opponents")
@@ -347,17 +349,20 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
              for i in range(cfg.sft.games)]
     episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate),
                              encoder,
-                             limits=RunnerLimits(max_context=cfg.rollout.max_context))
+                             limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format))
     records = [e.record() for e in episodes]
-    stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}, "
-                                f"{cfg.sft.epochs} epochs"))
+    positions = one_turn_positions(records, encoder, cfg.sft.positions, seed=cfg.seed,
+                                   board_format=cfg.game.board_format)
+    stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
+                                + (f" and {len(positions)} one-turn positions" if positions else "")
+                                + f", {cfg.sft.epochs} epochs"))
     for epoch in range(cfg.sft.epochs):
-        order = list(range(len(records)))
-        random.Random(cfg.seed + epoch).shuffle(order)
+        rng = random.Random(cfg.seed + epoch)
+        batches = [*_sft_batches(records, cfg.sft.batch, rng), *_sft_batches(positions, cfg.sft.batch, rng)]
+        rng.shuffle(batches)
         losses = []
-        for start in range(0, len(order), cfg.sft.batch):
-            chunk = [records[i] for i in order[start : start + cfg.sft.batch]]
-            if len(chunk) < cfg.trainer_workers:  # every rank needs at least one game
+        for chunk in batches:
+            if len(chunk) < cfg.trainer_workers:  # every rank needs at least one conversation
                 continue
             if should_stop():
                 stream.emit(ev.Log("info", f"warm start stopped by request in epoch {epoch + 1}"))
@@ -367,3 +372,10 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                                       "sft/steps": float(len(losses))})
     trainer.reset_optimizer()
     return True
+
+
+def _sft_batches(items: list[dict[str, Any]], size: int, rng: random.Random) -> list[list[dict[str, Any]]]:
+    """`items` shuffled and cut into batches of `size` (the last one may be smaller)."""
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]

@@ -18,17 +18,21 @@ class HumanOpponent:
 
     def choose(self, board: Board, rng: object) -> int:
         while True:
-            print(board.to_text())
+            print(board.to_text())  # a person reads the rows, whatever the agent is shown
             raw = input(f"your move {board.legal_columns()}: ").strip()
             if raw.isdigit() and int(raw) in board.legal_columns():
                 return int(raw)
             print(f"not a legal column: {raw!r}")
 
 
-def play_in_terminal(checkpoint: str, *, human_side: int, engine: str, seed: int) -> int:
+def play_in_terminal(checkpoint: str, *, human_side: int, engine: str, seed: int,
+                     limits: RunnerLimits | None = None) -> int:
+    """One game against the checkpoint, under the protocol limits it was trained with (see checkpoint_limits)."""
+    limits = limits or RunnerLimits()
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(checkpoint))
     eng = make_engine(engine, checkpoint)
-    spec = SamplingSpec(max_new_tokens=16, temperature=0.0, stop_token_ids=(encoder.im_end,), seed=seed)
+    spec = SamplingSpec(max_new_tokens=limits.max_new_tokens, temperature=0.0, stop_token_ids=(encoder.im_end,),
+                        seed=seed)
 
     generate = engine_policy(eng, spec)
 
@@ -40,7 +44,7 @@ def play_in_terminal(checkpoint: str, *, human_side: int, engine: str, seed: int
 
     try:
         game = GameSpec(index=0, group=0, agent_side=3 - human_side, opponent=HumanOpponent(), seed=seed)
-        (ep,) = play_episodes([game], policy, encoder, limits=RunnerLimits())
+        (ep,) = play_episodes([game], policy, encoder, limits=limits)
     finally:
         eng.close()
     print(ep.board.to_text())

@@ -3,6 +3,15 @@
 Answer format (documented in the system prompt): ``[col N]`` with N the 0-based column (0-6).
 The parser is lenient about case, spaces and surrounding text (the last ``[col N]`` counts) and,
 failing that, accepts an answer that is only a single digit. Anything else is an invalid answer.
+
+Board formats (``game.board_format``; the system prompt explains the one in use):
+
+- ``rows``: ``Board.to_text()`` -- a column header, then the rows top to bottom with X, O and ``.``;
+- ``cells``: one word per cell, rows top to bottom -- column letter a-g (a = column 0), row letter a-f
+  (a = bottom row), content x, o or e (empty): ``dax`` is an X in column 3 on the bottom row. A byte-level
+  BPE tokenizer trained on this text makes every (cell, content) one token, so a stone's place is in its
+  identity rather than in its position in the text; small models learn the tactics from it far sooner
+  (bench/README.md, imitation_probe).
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from earl_core.config import BOARD_FORMATS
 from earl_core.env.connect_four import Board
 
 MARKS = {1: "X", 2: "O"}
@@ -17,36 +27,58 @@ MARKS = {1: "X", 2: "O"}
 _SYSTEM = (
     "You are playing Connect Four as {mark}. The board has 7 columns (0-6) and 6 rows; a stone dropped in a "
     "column falls to the lowest empty cell. Connect four of your stones in a row, column or diagonal to win. "
-    "{first} Each turn you see the board ({mine} = yours, {theirs} = your opponent's, . = empty) and the legal "
-    "columns. Answer with your move as [col N], for example [col 3]."
+    "{first} Each turn you see the board {legend} and the legal columns. Answer with your move as [col N], "
+    "for example [col 3]."
 )
+_LEGEND = {
+    "rows": "({mine} = yours, {theirs} = your opponent's, . = empty)",
+    "cells": ("(one word per cell, top row first: column letter a-g for columns 0-6, row letter a-f from the bottom, "
+              "then {mine_lc} = yours, {theirs_lc} = your opponent's, e = empty)"),
+}
+_CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
 # At most 3 digits: a long run of digits is no column, and int() of thousands of digits would raise.
 _ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d{1,3})\s*\]", re.IGNORECASE)
 _BARE_DIGIT_RE = re.compile(r"^\s*(\d)\s*$")
 
 
-def system_prompt(agent_side: int) -> str:
-    """Rules for the agent playing side 1 (X, moves first) or 2 (O)."""
+def _check_board_format(board_format: str) -> None:
+    if board_format not in BOARD_FORMATS:
+        raise ValueError(f"unknown board format {board_format!r}; allowed: {', '.join(BOARD_FORMATS)}")
+
+
+def system_prompt(agent_side: int, board_format: str = "rows") -> str:
+    """Rules for the agent playing side 1 (X, moves first) or 2 (O), with the legend of the board format."""
+    _check_board_format(board_format)
     mine, theirs = MARKS[agent_side], MARKS[3 - agent_side]
     first = "You move first." if agent_side == 1 else "Your opponent moves first."
-    return _SYSTEM.format(mark=mine, first=first, mine=mine, theirs=theirs)
+    legend = _LEGEND[board_format].format(mine=mine, theirs=theirs, mine_lc=mine.lower(), theirs_lc=theirs.lower())
+    return _SYSTEM.format(mark=mine, first=first, legend=legend)
+
+
+def board_text(board: Board, board_format: str = "rows") -> str:
+    """The board as the agent reads it, in one of BOARD_FORMATS (see the module docstring)."""
+    _check_board_format(board_format)
+    if board_format == "rows":
+        return board.to_text()
+    return "\n".join(" ".join("abcdefg"[c] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, c)] for c in range(7))
+                     for row in range(5, -1, -1))
 
 
 def _legal_text(board: Board) -> str:
     return "Legal columns: " + ", ".join(str(c) for c in board.legal_columns()) + "."
 
 
-def turn_prompt(board: Board, opponent_column: int | None) -> str:
+def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "rows") -> str:
     """The user message opening an agent turn: the opponent's move, the board, the legal columns."""
     # The opponent's move is phrased unlike an answer ("column N", not "[col N]") so that copying it is not
     # the easiest thing for a small model to learn.
     head = "Your move." if opponent_column is None else f"Opponent dropped a stone in column {opponent_column}."
-    return f"{head}\n{board.to_text()}\n{_legal_text(board)}"
+    return f"{head}\n{board_text(board, board_format)}\n{_legal_text(board)}"
 
 
-def retry_prompt(board: Board, problem: str) -> str:
+def retry_prompt(board: Board, problem: str, board_format: str = "rows") -> str:
     """Feedback after an invalid answer; the agent gets one more try (configurable)."""
-    return f"Invalid move: {problem} Answer with [col N].\n{board.to_text()}\n{_legal_text(board)}"
+    return f"Invalid move: {problem} Answer with [col N].\n{board_text(board, board_format)}\n{_legal_text(board)}"
 
 
 def answer_text(column: int) -> str:

@@ -44,6 +44,8 @@ def test_defaults_round_trip() -> None:
         ({"version": 7}, "version", "1"),
         ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
+        ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
+        ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
     ],
 )
 def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:

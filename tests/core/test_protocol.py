@@ -56,3 +56,41 @@ def test_parser_fuzz_never_crashes_and_is_consistent(text: str) -> None:
        st.text(alphabet=st.characters(blacklist_characters="[]"), max_size=20))
 def test_canonical_answer_survives_surrounding_text(col: int, before: str, after: str) -> None:
     assert protocol.parse_answer(before + protocol.answer_text(col) + after, Board()).column == col
+
+
+def test_cells_format_writes_one_word_per_cell() -> None:
+    board = Board.from_moves("4453")  # X d1, O d2, X e1, O c1 (0-based columns 3, 3, 4, 2)
+    lines = protocol.board_text(board, "cells").split("\n")
+    assert len(lines) == 6 and all(len(line.split()) == 7 for line in lines)
+    assert lines[0] == "afe bfe cfe dfe efe ffe gfe"  # the top row first, all empty
+    assert lines[4] == "abe bbe cbe dbo ebe fbe gbe"  # second row from the bottom: O in column 3
+    assert lines[5] == "aae bae cao dax eax fae gae"  # bottom row
+    assert protocol.board_text(board, "rows") == board.to_text()
+    text = protocol.turn_prompt(board, 2, "cells")
+    assert "dax" in text and board.to_text() not in text and text.endswith("Legal columns: 0, 1, 2, 3, 4, 5, 6.")
+    assert "dax" in protocol.retry_prompt(board, "column 9 does not exist.", "cells")
+
+
+def test_system_prompt_explains_the_board_format() -> None:
+    assert "X = yours, O = your opponent's, . = empty" in protocol.system_prompt(1, "rows")
+    assert protocol.system_prompt(1) == protocol.system_prompt(1, "rows")
+    cells = protocol.system_prompt(2, "cells")
+    assert "one word per cell" in cells and "o = yours, x = your opponent's, e = empty" in cells
+
+
+def test_unknown_board_format_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="allowed: rows, cells"):
+        protocol.turn_prompt(Board(), None, "columns")
+
+
+def test_a_cells_tokenizer_makes_every_cell_one_token() -> None:
+    """What the format is for: each (cell, content) is one token of a tokenizer trained on the protocol's text."""
+    from earl_core.agent.teacher import protocol_corpus
+    from earl_core.models.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(protocol_corpus(400, seed=0, board_format="cells"), vocab_size=512)
+    board = Board.from_moves("123456712")
+    for line in protocol.board_text(board, "cells").split("\n"):
+        assert len(tok.encode(line, add_special_tokens=False)) == 7, line

@@ -118,3 +118,15 @@ def test_teacher_mistakes_are_context_not_targets_and_the_retry_recovers(encoder
         per_answer = len(encoder.tokenizer.encode(protocol.answer_text(3), add_special_tokens=False)) + 1
         assert targets == valid * per_answer
     assert mistakes > 0  # heuristic games fill the centre column, so mistakes did happen
+
+
+def test_the_board_format_reaches_every_prompt(encoder: ChatEncoder) -> None:
+    specs = [GameSpec(index=i, group=0, agent_side=1 + i % 2, opponent=RandomOpponent(), seed=i) for i in range(4)]
+    eps = play_episodes(specs, teacher_policy(HeuristicOpponent(), encoder), encoder,
+                        limits=RunnerLimits(board_format="cells"))
+    for ep in eps:
+        text = encoder.tokenizer.decode(ep.conversation.token_ids)
+        assert "one word per cell" in text and "0 1 2 3 4 5 6" not in text  # no rows header anywhere
+        # One board per agent turn, each in cells (the bottom-left cell's word starts with "aa").
+        turns = len(ep.record()["turn_context"])
+        assert sum(line.startswith("aa") for line in text.split("\n")) == turns

@@ -12,9 +12,11 @@ import jsonschema
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from earl_core import events as ev
 from earl_core.config import ParallelismConfig, RunConfig
+from earl_core.evaluate import checkpoint_limits
 from earl_core.loop import train
 from earl_core.ray_exec.cluster import ray_cluster
 
@@ -124,6 +126,25 @@ def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
     assert summary.status == "cancelled" and summary.iterations_done == 1
     assert [e["data"]["status"] for e in got if e["type"] == "run.status"][-1] == "cancelled"
     assert summary.last_checkpoint and Path(summary.last_checkpoint, "model.safetensors").exists()
+
+
+def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_format(ray_session: str,
+                                                                                   tmp_path: Path) -> None:
+    cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells"},
+                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1},
+                  sft={"enabled": True, "games": 8, "positions": 20, "epochs": 1, "batch": 8})
+    got: list[dict] = []
+    summary = train(cfg, got.append)
+    assert summary.status == "succeeded"
+    logs = [e["data"]["message"] for e in got if e["type"] == "log"]
+    assert any("8 heuristic games" in m and "20 one-turn positions" in m for m in logs), logs
+    sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
+    assert sft[0]["sft/steps"] == 1 + 3  # games and positions in separate batches: 8 / 8 + ceil(20 / 8)
+    # The fresh tokenizer learned the cell words; the checkpoints record the format for eval and play.
+    tokenizer = AutoTokenizer.from_pretrained(Path(summary.run_dir) / "base_model")
+    assert len(tokenizer.encode(" dax", add_special_tokens=False)) == 1
+    for ckpt in ("iter_000000", "iter_000001"):
+        assert checkpoint_limits(str(cfg.run_dir / "checkpoints" / ckpt)).board_format == "cells"
 
 
 def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session: str, tmp_path: Path) -> None:
