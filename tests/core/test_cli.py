@@ -25,6 +25,13 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2 and "game.opponent" in out.stderr and "solver:D" in out.stderr
 
 
+def test_an_unknown_board_format_names_the_choices(tmp_path: Path) -> None:
+    out = _run("eval", "--checkpoint", str(tmp_path), "--board-format", "grid")
+    assert out.returncode == 2 and "--board-format" in out.stderr and "rows" in out.stderr and "cells" in out.stderr
+    out = _run("train", "--set", "game.board_format=grid")
+    assert out.returncode == 2 and "game.board_format" in out.stderr and "cells" in out.stderr
+
+
 @pytest.mark.slow
 def test_eval_reports_both_sides(protocol_model: Path) -> None:
     out = _run("eval", "--checkpoint", str(protocol_model), "--opponent", "random", "--games", "3", "--engine", "hf")
