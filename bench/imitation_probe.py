@@ -39,7 +39,7 @@ from bench_io import write_result
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import protocol_corpus, teacher_policy
+from earl_core.agent.teacher import answer_ids, protocol_corpus, teacher_policy
 from earl_core.config import BOARD_FORMATS, AlgoConfig
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent, opponent_wins_at
@@ -110,14 +110,13 @@ def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int
     pool = [(g["side"], p) for g in games for p in g["positions"]]
     tactical = [x for x in pool if x[1][1] in TACTICS]
     other = [x for x in pool if x[1][1] not in TACTICS]
-    tok = encoder.tokenizer
     out = []
     for _ in range(n):
         side, (board, kind, good, column) = rng.choice(tactical) if rng.random() < 0.7 else rng.choice(other)
         # The opponent's last move is not kept with the position; a first-turn prompt shows the board alone.
         ids = (encoder.message("system", protocol.system_prompt(side, board_format)) +
                encoder.message("user", protocol.turn_prompt(board, None, board_format)) + encoder.generation_prompt())
-        answer = tok.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
+        answer = answer_ids(encoder, column)
         w = weight if kind in TACTICS else 1.0
         out.append({"token_ids": ids + answer, "action_mask": [0.0] * len(ids) + [w] * len(answer),
                     "spans": [(len(ids), len(ids) + len(answer))], "turns": [(kind, good, column)]})

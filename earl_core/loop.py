@@ -22,7 +22,8 @@ from earl_core import events as ev
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import one_turn_positions, protocol_corpus, teacher_policy
+from earl_core.agent.teacher import (MIXED_POSITIONS_PER_GAME, game_turns, mixed_play_turns, one_turn_positions,
+                                     protocol_corpus, teacher_policy)
 from earl_core.checkpoints import STATE_FILE, complete_checkpoints
 from earl_core.config import RunConfig, opponent_list
 from earl_core.env.connect_four import Board
@@ -351,10 +352,16 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                              encoder,
                              limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format))
     records = [e.record() for e in episodes]
-    positions = one_turn_positions(records, encoder, cfg.sft.positions, seed=cfg.seed,
-                                   board_format=cfg.game.board_format)
+    positions: list[dict[str, Any]] = []
+    if cfg.sft.positions:
+        turns = (game_turns(records) if cfg.sft.position_source == "games"
+                 else mixed_play_turns(teacher, max(1, cfg.sft.positions // MIXED_POSITIONS_PER_GAME), seed=cfg.seed))
+        positions = one_turn_positions(turns, encoder, cfg.sft.positions, seed=cfg.seed,
+                                       board_format=cfg.game.board_format,
+                                       per_conversation=cfg.sft.positions_per_conversation)
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
-                                + (f" and {len(positions)} one-turn positions" if positions else "")
+                                + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
+                                   f" {len(positions)} conversations" if positions else "")
                                 + f", {cfg.sft.epochs} epochs"))
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)

@@ -1,10 +1,10 @@
-"""Scripted players speaking the agent protocol: warm-start teachers and the tokenizer's training text."""
+"""Scripted players speaking the agent protocol: warm-start teachers and positions, the tokenizer's corpus."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
@@ -13,6 +13,25 @@ from earl_core.agent.runner import Policy
 from earl_core.engines.base import Generation
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import Opponent, RandomOpponent, opponent_wins_at
+
+
+# A mixed game has ~20 turns (both sides counted) and ~4 tactical ones: one game per 8 positions drawn keeps
+# nearly every tactical draw distinct (80,000 positions: 10,000 games, ~39,000 distinct tactical boards, ~10 s).
+MIXED_POSITIONS_PER_GAME = 8
+
+
+class Turn(NamedTuple):
+    """One position to imitate."""
+
+    side: int  # the side to move (1 or 2)
+    board: Board
+    column: int  # the teacher's column there (0-based)
+    last: int | None  # the opponent's move that led here (None on an empty board)
+
+
+def answer_ids(encoder: ChatEncoder, column: int) -> list[int]:
+    """Token ids of the canonical answer naming `column`, closed with <|im_end|> (what a taught turn ends with)."""
+    return encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
 
 
 def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mistake_rate: float = 0.0) -> Policy:
@@ -24,7 +43,7 @@ def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mi
     rng = random.Random(seed)
 
     def answer(column: int, *, trainable: bool) -> Generation:
-        ids = encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
+        ids = answer_ids(encoder, column)
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", trainable=trainable)
 
     def act(episodes: list[Episode]) -> list[Generation]:
@@ -65,33 +84,79 @@ def protocol_corpus(games: int = 200, *, seed: int = 0, board_format: str = "row
     return texts
 
 
-def one_turn_positions(records: Sequence[dict[str, Any]], encoder: ChatEncoder, count: int, *, seed: int = 0,
-                       board_format: str = "rows", tactical_share: float = 0.7) -> list[dict[str, Any]]:
-    """`count` one-turn conversations (system prompt, one position, the teacher's answer) drawn from the agent
-    turns of teacher games (`Episode.record()`s), in the trainer's record form (token_ids, action_mask).
-
-    A whole game is one optimiser example of ~20 turns and ~1,200 tokens; a position is one turn of ~150, so the
-    same minutes give many more steps, and `tactical_share` of them are positions where a column wins for either
-    side -- the rare turns the tactics are learned from. The opponent's last move is not kept with a position:
-    its prompt is a first turn's ("Your move." and the board)."""
-    tactical: list[tuple[int, Board, int]] = []
-    quiet: list[tuple[int, Board, int]] = []
+def game_turns(records: Sequence[dict[str, Any]]) -> list[Turn]:
+    """The agent turns of teacher games (`Episode.record()`s), each with the column the teacher played there."""
+    turns: list[Turn] = []
     for r in records:
-        board = Board()
+        board, last = Board(), None
         for ch in r["board_moves"]:
             column = int(ch) - 1
             if board.to_move == r["agent_side"]:
-                wins = any(board.can_win_with(c) or opponent_wins_at(board, c) for c in board.legal_columns())
-                (tactical if wins else quiet).append((r["agent_side"], board, column))
-            board = board.drop(column)
+                turns.append(Turn(r["agent_side"], board, column, last))
+            board, last = board.drop(column), column
+    return turns
+
+
+def mixed_play_turns(teacher: Opponent, games: int, *, seed: int = 0, random_share: float = 0.5) -> list[Turn]:
+    """Every turn, for both sides, of `games` games in which each move is uniformly random with probability
+    `random_share` and the teacher's otherwise; each turn is labelled with the teacher's move.
+
+    Why: a teacher game against random has one immediate win (the last move: the teacher takes it at once), so
+    its win positions are few and alike. Where both sides sometimes play at random, wins are left open, threats
+    are left unblocked and boards look like the ones a learning agent and a random opponent make -- many more,
+    and more varied, positions of the tactics the agent must learn."""
+    rng = random.Random(seed)
+    player = RandomOpponent()
+    turns: list[Turn] = []
+    for _ in range(games):
+        board, last = Board(), None
+        while not board.is_terminal():
+            best = teacher.choose(board, rng)
+            turns.append(Turn(board.to_move, board, best, last))
+            last = player.choose(board, rng) if rng.random() < random_share else best
+            board = board.drop(last)
+    return turns
+
+
+def is_tactical(board: Board) -> bool:
+    """Whether a column wins now for either side (the turns where taking or blocking a four decides the game)."""
+    return any(board.can_win_with(c) or opponent_wins_at(board, c) for c in board.legal_columns())
+
+
+def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, *, seed: int = 0,
+                       board_format: str = "rows", tactical_share: float = 0.7,
+                       per_conversation: int = 1) -> list[dict[str, Any]]:
+    """`count` positions drawn from `turns`, each a user turn (the opponent's move, the board, the legal columns)
+    answered with the teacher's column, packed `per_conversation` to a conversation of one side (one system
+    prompt), in the trainer's record form (token_ids, action_mask: 1 on the answers).
+
+    A whole game is one optimiser example of ~20 turns and ~1,200 tokens; a position is one turn of ~100 tokens
+    after a ~150-token system prompt, so the same minutes give many more positions, and `tactical_share` of them
+    are positions where a column wins for either side -- the rare turns the tactics are learned from. Packing
+    pays the system prompt once per conversation, and the unrelated boards in a row teach what a game needs
+    too: answer the latest board of a growing conversation."""
+    pools: dict[int, tuple[list[Turn], list[Turn]]] = {}
+    for turn in turns:
+        tactical, quiet = pools.setdefault(turn.side, ([], []))
+        (tactical if is_tactical(turn.board) else quiet).append(turn)
+    sides = sorted(pools)
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
-    for _ in range(count if tactical or quiet else 0):
-        pool = tactical if tactical and (not quiet or rng.random() < tactical_share) else quiet
-        side, board, column = rng.choice(pool)
-        prompt = (encoder.message("system", protocol.system_prompt(side, board_format))
-                  + encoder.message("user", protocol.turn_prompt(board, None, board_format))
-                  + encoder.generation_prompt())
-        answer = encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
-        out.append({"token_ids": prompt + answer, "action_mask": [0] * len(prompt) + [1] * len(answer)})
+    left = count if sides else 0
+    while left > 0:
+        side = rng.choice(sides)
+        tactical, quiet = pools[side]
+        chunk = [rng.choice(tactical if tactical and (not quiet or rng.random() < tactical_share) else quiet)
+                 for _ in range(min(per_conversation, left))]
+        ids = encoder.message("system", protocol.system_prompt(side, board_format))
+        mask = [0] * len(ids)
+        for k, turn in enumerate(chunk):
+            prompt = (encoder.message("user", protocol.turn_prompt(turn.board, turn.last, board_format))
+                      + encoder.generation_prompt())
+            answer = answer_ids(encoder, turn.column)
+            after = encoder.close_answer(answer) if k < len(chunk) - 1 else []  # as the runner closes a turn
+            ids += prompt + answer + after
+            mask += [0] * len(prompt) + [1] * len(answer) + [0] * len(after)
+        left -= per_conversation
+        out.append({"token_ids": ids, "action_mask": mask})
     return out

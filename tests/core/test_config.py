@@ -46,6 +46,7 @@ def test_defaults_round_trip() -> None:
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
         ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
         ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
+        ({"sft": {"position_source": "solver"}}, "sft.position_source", "games, mixed"),
     ],
 )
 def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:

@@ -1,13 +1,16 @@
-"""Warm-start data: one-turn positions are turns of the teacher's games, answered with the teacher's move."""
+"""Warm-start data: one-turn positions are turns of the teacher's games (or of mixed teacher/random play), answered
+with the teacher's move."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import one_turn_positions, teacher_policy
+from earl_core.agent.teacher import Turn, answer_ids, game_turns, is_tactical, mixed_play_turns, one_turn_positions, teacher_policy
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent, opponent_wins_at
 
@@ -26,45 +29,130 @@ def records(encoder: ChatEncoder) -> list[dict]:
 
 
 def _turns(records: list[dict]) -> dict[str, tuple[set[int], bool]]:
-    """Hand replay of the games: each agent turn's first-turn prompt -> (the teacher's columns there, tactical?)."""
+    """Hand replay of the games: each agent turn's (system prompt + turn prompt) -> (the teacher's columns there,
+    tactical?)."""
     out: dict[str, tuple[set[int], bool]] = {}
     for r in records:
-        board = Board()
+        board, last = Board(), None
         for ch in r["board_moves"]:
             column = int(ch) - 1
             if board.to_move == r["agent_side"]:
-                prompt = protocol.system_prompt(r["agent_side"], "cells") + protocol.turn_prompt(board, None, "cells")
+                prompt = protocol.system_prompt(r["agent_side"], "cells") + protocol.turn_prompt(board, last, "cells")
                 tactical = any(board.can_win_with(c) or opponent_wins_at(board, c) for c in board.legal_columns())
                 out.setdefault(prompt, (set(), tactical))[0].add(column)
-            board = board.drop(column)
+            board, last = board.drop(column), column
     return out
 
 
-def test_positions_are_teacher_turns_with_the_teacher_answer(encoder: ChatEncoder, records: list[dict]) -> None:
+def _messages(encoder: ChatEncoder, ids: list[int]) -> list[tuple[str, str]]:
+    """A conversation's (role, text) messages, checking the chat framing on the way."""
+    text = encoder.tokenizer.decode(ids)
+    parts = text.split("<|im_start|>")
+    assert parts[0] == ""
+    out = []
+    for i, part in enumerate(parts[1:]):
+        role, _, body = part.partition("\n")
+        last = i == len(parts) - 2
+        assert body.endswith("<|im_end|>" if last else "<|im_end|>\n"), body
+        out.append((role, body.removesuffix("\n").removesuffix("<|im_end|>")))
+    return out
+
+
+@pytest.mark.parametrize("per_conversation", [1, 8])
+def test_positions_are_teacher_turns_with_the_teacher_answer(encoder: ChatEncoder, records: list[dict],
+                                                             per_conversation: int) -> None:
     turns = _turns(records)
-    positions = one_turn_positions(records, encoder, 400, seed=5, board_format="cells")
-    assert len(positions) == 400
-    tactical = 0
-    for p in positions:
-        ids, mask = p["token_ids"], p["action_mask"]
+    conversations = one_turn_positions(game_turns(records), encoder, 400, seed=5, board_format="cells",
+                                       per_conversation=per_conversation)
+    assert len(conversations) == 400 // per_conversation
+    tactical = positions = 0
+    for conv in conversations:
+        ids, mask = conv["token_ids"], conv["action_mask"]
         assert len(ids) == len(mask)
-        cut = mask.index(1)
-        assert all(m == 0 for m in mask[:cut]) and all(m == 1 for m in mask[cut:]), "only the answer is a target"
-        answer = encoder.tokenizer.decode(ids[cut:])
-        assert answer.endswith("<|im_end|>")
-        column = protocol.parse_answer(answer.removesuffix("<|im_end|>"), Board()).column
-        system, user = encoder.tokenizer.decode(ids[:cut]).split("<|im_end|>")[:2]
-        key = system.removeprefix("<|im_start|>system\n") + user.removeprefix("\n<|im_start|>user\n")
-        assert key in turns, "a position of the games, written as a first turn"
-        columns, is_tactical = turns[key]
-        assert column in columns
-        tactical += is_tactical
+        messages = _messages(encoder, ids)
+        roles = [role for role, _ in messages]
+        assert roles == ["system"] + ["user", "assistant"] * per_conversation, "one side's system prompt, then turns"
+        # The targets are exactly the answers, each with its closing <|im_end|>.
+        targets = encoder.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+        answers = [text for role, text in messages if role == "assistant"]
+        assert targets == "".join(a + "<|im_end|>" for a in answers)
+        for (_, user), answer in zip(messages[1::2], answers):
+            key = messages[0][1] + user
+            assert key in turns, "a position of the games, with the opponent's move that led to it"
+            columns, is_tactical = turns[key]
+            assert protocol.parse_answer(answer, Board()).column in columns
+            tactical += is_tactical
+            positions += 1
+    assert positions == 400
     # 70% drawn from the turns where a column wins for either side (400 draws: +-0.07 is over 3 sigma).
-    assert abs(tactical / len(positions) - 0.7) < 0.07
+    assert abs(tactical / positions - 0.7) < 0.07
+
+
+def test_packing_leaves_the_last_conversation_short(encoder: ChatEncoder, records: list[dict]) -> None:
+    conversations = one_turn_positions(game_turns(records), encoder, 20, seed=1, board_format="cells",
+                                       per_conversation=8)
+    assert [sum(1 for role, _ in _messages(encoder, c["token_ids"]) if role == "assistant") for c in conversations] \
+        == [8, 8, 4]
 
 
 def test_positions_are_reproducible_and_optional(encoder: ChatEncoder, records: list[dict]) -> None:
-    a = one_turn_positions(records, encoder, 20, seed=1, board_format="cells")
-    assert a == one_turn_positions(records, encoder, 20, seed=1, board_format="cells")
-    assert a != one_turn_positions(records, encoder, 20, seed=2, board_format="cells")
-    assert one_turn_positions(records, encoder, 0) == []
+    a = one_turn_positions(game_turns(records), encoder, 20, seed=1, board_format="cells")
+    assert a == one_turn_positions(game_turns(records), encoder, 20, seed=1, board_format="cells")
+    assert a != one_turn_positions(game_turns(records), encoder, 20, seed=2, board_format="cells")
+    assert one_turn_positions(game_turns(records), encoder, 0) == []
+
+
+def test_game_turns_are_the_agent_moves_of_each_game(records: list[dict]) -> None:
+    turns = game_turns(records)
+    assert len(turns) == sum(sum(1 for i in range(len(r["board_moves"])) if i % 2 == r["agent_side"] - 1) for r in records)
+    first = records[1]  # agent second: its first turn follows the opponent's first move
+    opening = int(first["board_moves"][0]) - 1
+    assert turns[len(game_turns(records[:1]))] == Turn(2, Board().drop(opening), int(first["board_moves"][1]) - 1,
+                                                         opening)
+    assert turns[0].last is None and turns[0].board == Board()
+
+
+def test_answer_ids_end_the_turn_and_parse_back(encoder: ChatEncoder) -> None:
+    for column in range(7):
+        ids = answer_ids(encoder, column)
+        assert ids[-1] == encoder.im_end
+        assert protocol.parse_answer(encoder.tokenizer.decode(ids[:-1]), Board()).column == column
+
+
+class _Recorder:
+    """A teacher that notes every board it is asked about (to check that each turn carries its answer)."""
+
+    def __init__(self) -> None:
+        self.inner = HeuristicOpponent()
+        self.asked: list[tuple[Board, int]] = []
+
+    def choose(self, board: Board, rng: random.Random) -> int:
+        column = self.inner.choose(board, rng)
+        self.asked.append((board, column))
+        return column
+
+
+def test_mixed_play_turns_cover_both_sides_and_carry_the_teacher_answer() -> None:
+    teacher = _Recorder()
+    turns = mixed_play_turns(teacher, 60, seed=4)
+    assert [(t.board, t.column) for t in turns] == teacher.asked, "every turn, labelled with what the teacher said"
+    assert {t.side for t in turns} == {1, 2}
+    assert all(t.side == t.board.to_move for t in turns)
+    assert sum(1 for t in turns if not t.board.mask) == 60, "one empty board per game"
+    # Each next turn's board is this one with `last` dropped: the move played, the teacher's or a random one. In
+    # games of the pure teacher every move would be the teacher's; here about half are not.
+    nexts = [(t, n) for t, n in zip(turns, turns[1:]) if n.board.mask]
+    assert all(t.board.drop(n.last) == n.board for t, n in nexts)
+    followed = sum(1 for t, n in nexts if n.last == t.column)
+    assert 0.3 < followed / len(nexts) < 0.9
+    wins = [(t.board, t.column) for t in turns if any(t.board.can_win_with(x) for x in t.board.legal_columns())]
+    assert wins and all(b.can_win_with(c) for b, c in wins), "where a column wins, the label takes it"
+    assert mixed_play_turns(HeuristicOpponent(), 5, seed=1) == mixed_play_turns(HeuristicOpponent(), 5, seed=1)
+
+
+def test_mixed_play_holds_many_more_distinct_tactics_than_teacher_games(records: list[dict]) -> None:
+    from_games = {t.board for t in game_turns(records) if is_tactical(t.board)}
+    mixed = {t.board for t in mixed_play_turns(HeuristicOpponent(), len(records), seed=0) if is_tactical(t.board)}
+    # Same number of games; the teacher beats random quickly (one open win per game), mixed play leaves tactics open.
+    assert len(mixed) > 2 * len(from_games)  # 165 against 49 with these seeds
+

@@ -132,14 +132,15 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
                                                                                    tmp_path: Path) -> None:
     cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells"},
                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1},
-                  sft={"enabled": True, "games": 8, "positions": 20, "epochs": 1, "batch": 8})
+                  sft={"enabled": True, "games": 8, "positions": 20, "position_source": "mixed",
+                       "positions_per_conversation": 4, "epochs": 1, "batch": 8})
     got: list[dict] = []
     summary = train(cfg, got.append)
     assert summary.status == "succeeded"
     logs = [e["data"]["message"] for e in got if e["type"] == "log"]
-    assert any("8 heuristic games" in m and "20 one-turn positions" in m for m in logs), logs
+    assert any("8 heuristic games" in m and "20 positions (mixed) in 5 conversations" in m for m in logs), logs
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
-    assert sft[0]["sft/steps"] == 1 + 3  # games and positions in separate batches: 8 / 8 + ceil(20 / 8)
+    assert sft[0]["sft/steps"] == 1 + 1  # games and positions in separate batches: 8 / 8 + ceil(20 / 4 / 8)
     # The fresh tokenizer learned the cell words; the checkpoints record the format for eval and play.
     tokenizer = AutoTokenizer.from_pretrained(Path(summary.run_dir) / "base_model")
     assert len(tokenizer.encode(" dax", add_special_tokens=False)) == 1
