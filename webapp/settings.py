@@ -111,7 +111,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 1_000_000, 
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "webapp.channel_layer.RedisChannelLayer",
         # redis-py's default 5 s socket timeout equals channels_redis' blocking receive: an idle websocket would
         # then die with TimeoutError every 5 s. A longer socket timeout keeps quiet runs' viewers connected.
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 2000, "expiry": 60},

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from django.conf import settings
 from rest_framework.test import APIClient
 
@@ -35,6 +39,46 @@ def redis_url() -> Iterator[str]:
     yield url
     if local is not None:
         local.stop()
+
+
+# How long tasks a test left running get to end once cancelled, before the test is reported with their stacks.
+STRAY_TASK_GRACE_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def no_task_outlives_its_test(request: pytest.FixtureRequest) -> None:
+    """Every async test ends what it started, sockets first (see tests/webapp/sockets.py)."""
+    if request.node.get_closest_marker("asyncio") is not None:
+        request.getfixturevalue("stray_tasks")
+
+
+@pytest_asyncio.fixture
+async def stray_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fails the test that leaves tasks in its event loop (a consumer of a socket never disconnected).
+
+    Why: pytest-asyncio cancels such tasks when it closes the loop and waits for them without a limit; a consumer
+    whose cancel was lost in the Redis channel layer once hung CI there for good. Here a leftover is a plain error
+    naming the task, and one that does not end once cancelled has its stack printed past output capture first."""
+    yield
+    left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    if not left:
+        return
+    stacks = io.StringIO()
+    for task in left:
+        task.print_stack(limit=12, file=stacks)
+        task.cancel()
+    _, stuck = await asyncio.wait(left, timeout=STRAY_TASK_GRACE_S)
+    if stuck:
+        where = io.StringIO()
+        for task in stuck:
+            task.print_stack(limit=30, file=where)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\n{request.node.nodeid}: {len(stuck)} task(s) did not end within {STRAY_TASK_GRACE_S:.0f} s "
+                  f"of being cancelled; the loop teardown will wait for them. They are at:\n{where.getvalue()}",
+                  file=sys.stderr, flush=True)
+    pytest.fail(f"{len(left)} task(s) outlived the test (a socket never disconnected?):\n{stacks.getvalue()}",
+                pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

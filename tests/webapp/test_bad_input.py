@@ -10,7 +10,6 @@ from typing import Any, get_type_hints
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
@@ -18,8 +17,9 @@ from rest_framework.test import APIClient
 from earl_core.config import RunConfig, config_errors
 from earl_core.errors import ConfigError
 from tests.webapp.conftest import TINY_CONFIG
+from tests.webapp.sockets import open_socket as _socket
+from tests.webapp.sockets import refusal_code
 from webapp.accounts.models import ApiToken
-from webapp.asgi import application
 from webapp.runs.live import publish_events
 from webapp.runs.models import Run
 from webapp.runs.services import store_events
@@ -29,11 +29,6 @@ from webapp.runs.services import store_events
 GARBAGE_TEXT = ["not json", "[1, 2]", "null", "42", '"ping"', "{", "[" * 100_000, "x" * 1_000_000,
                 json.dumps({"type": "subscribe"}), json.dumps({"type": 5}), json.dumps({"type": ["ping"]}),
                 json.dumps({"type": None}), json.dumps({"kind": "ping"}), "\x00\xff\ud7ff"]
-
-
-def _socket(path: str, key: str) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"authorization", f"Token {key}".encode())]
-    return WebsocketCommunicator(application, path, headers=headers)
 
 
 def _viewer_keys(alice: Any, bob: Any) -> tuple[str, str]:
@@ -80,7 +75,7 @@ async def test_malformed_messages_get_error_frames_and_other_sockets_keep_stream
 async def test_a_malformed_resume_point_closes_with_4400(query: str, alice: Any, ants: Any) -> None:
     run = await sync_to_async(Run.objects.create)(team=ants, owner=alice, name="watched", config=TINY_CONFIG)
     key = (await sync_to_async(ApiToken.issue)(alice))[1]
-    assert await _socket(f"/ws/runs/{run.pk}/?{query}", key).connect(timeout=5) == (False, 4400)
+    assert await refusal_code(f"/ws/runs/{run.pk}/?{query}", key) == 4400
 
 
 @pytest.mark.asyncio

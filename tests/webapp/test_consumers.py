@@ -10,8 +10,9 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from tests.webapp.conftest import TINY_CONFIG
+from tests.webapp.sockets import open_socket as _connect
+from tests.webapp.sockets import refusal_code
 from webapp.accounts.models import ApiToken
-from webapp.asgi import application
 from webapp.runs.live import publish_events
 from webapp.runs.services import store_events, submit_run
 
@@ -22,13 +23,6 @@ TS = "2026-01-01T00:00:00Z"
 
 def _log(seq: int) -> dict[str, Any]:
     return {"v": 1, "run": 0, "seq": seq, "ts": TS, "type": "log", "data": {"level": "info", "message": f"e{seq}"}}
-
-
-def _connect(path: str, key: str | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if key:
-        headers.append((b"authorization", f"Token {key}".encode()))
-    return WebsocketCommunicator(application, path, headers=headers)
 
 
 async def _receive_seqs(comm: WebsocketCommunicator, n: int) -> list[int]:
@@ -46,11 +40,9 @@ def _key(user: Any) -> str:
 
 async def test_anonymous_and_other_team_are_refused(alice_run: int, charlie: Any) -> None:
     for key, code in ((None, 4401), ("wrong", 4401), (await sync_to_async(_key)(charlie), 4404)):
-        comm = _connect(f"/ws/runs/{alice_run}/", key)
-        connected, close_code = await comm.connect(timeout=5)
-        assert not connected and close_code == code
-    missing = _connect("/ws/runs/999999/", await sync_to_async(_key)(charlie))
-    assert (await missing.connect(timeout=5)) == (False, 4404)  # same answer as another team's run
+        assert await refusal_code(f"/ws/runs/{alice_run}/", key) == code
+    # the same answer as another team's run
+    assert await refusal_code("/ws/runs/999999/", await sync_to_async(_key)(charlie)) == 4404
 
 
 async def test_backlog_then_live_without_gap_or_duplicate(alice_run: int, alice: Any) -> None:
@@ -93,12 +85,11 @@ async def test_malformed_messages_get_an_error_frame_and_the_stream_goes_on(alic
 
 
 async def test_bad_after_is_refused(alice_run: int, alice: Any) -> None:
-    comm = _connect(f"/ws/runs/{alice_run}/?after=-3", await sync_to_async(_key)(alice))
-    assert (await comm.connect(timeout=5)) == (False, 4400)
+    assert await refusal_code(f"/ws/runs/{alice_run}/?after=-3", await sync_to_async(_key)(alice)) == 4400
 
 
 async def test_cluster_socket_needs_auth_and_sends_a_snapshot(alice_run: int, alice: Any) -> None:
-    assert (await _connect("/ws/cluster/", None).connect(timeout=5)) == (False, 4401)
+    assert await refusal_code("/ws/cluster/", None) == 4401
     comm = _connect("/ws/cluster/", await sync_to_async(_key)(alice))
     assert (await comm.connect(timeout=5))[0]
     frame = json.loads(await comm.receive_from(timeout=5))

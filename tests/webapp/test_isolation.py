@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 from rest_framework.test import APIClient
 
 from earl_core.checkpoints import STATE_FILE
 from tests.webapp.conftest import TINY_CONFIG
+from tests.webapp.sockets import open_socket as _socket
+from tests.webapp.sockets import refusal_code
 from webapp.accounts.models import ApiToken, Team
-from webapp.asgi import application
 from webapp.pages.urls import urlpatterns as page_routes
 from webapp.routing import websocket_urlpatterns
 from webapp.runs.models import Run
@@ -188,13 +188,6 @@ def test_compare_with_another_teams_run_is_404_like_a_missing_one(alice_run: Run
 
 # ---- websockets ---------------------------------------------------------------------------------------------
 
-def _socket(path: str, key: str | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if key:
-        headers.append((b"authorization", f"Token {key}".encode()))
-    return WebsocketCommunicator(application, path, headers=headers)
-
-
 def _key(user: Any) -> str:
     return ApiToken.issue(user)[1]
 
@@ -211,7 +204,7 @@ async def test_run_socket_closes_for_anonymous_and_other_teams_like_a_missing_ru
     for path, key, code in ((f"/ws/runs/{alice_run.pk}/", None, 4401),
                             (f"/ws/runs/{alice_run.pk}/", charlie_key, 4404),
                             (f"/ws/runs/{MISSING_RUN}/", charlie_key, 4404)):
-        assert await _socket(path, key).connect(timeout=5) == (False, code), (path, code)
+        assert await refusal_code(path, key) == code, (path, code)
     own = _socket(f"/ws/runs/{alice_run.pk}/", await sync_to_async(_key)(alice))
     assert (await own.connect(timeout=5))[0]
     await own.disconnect()
@@ -220,4 +213,4 @@ async def test_run_socket_closes_for_anonymous_and_other_teams_like_a_missing_ru
 @pytest.mark.asyncio
 @pytest.mark.django_db
 async def test_cluster_socket_closes_for_anonymous_callers() -> None:
-    assert await _socket("/ws/cluster/", None).connect(timeout=5) == (False, 4401)
+    assert await refusal_code("/ws/cluster/", None) == 4401

@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
 from earl_core.checkpoints import STATE_FILE
 from tests.webapp.conftest import TINY_CONFIG
+from tests.webapp.sockets import open_socket, refusal_code
 from webapp.accounts.models import ApiToken, Team
-from webapp.asgi import application
 from webapp.runs.models import Checkpoint, Run
 
 RATE = 3
@@ -47,16 +46,14 @@ def _run(owner: Any, team: Team) -> Run:
 async def test_a_revoked_token_opens_neither_the_api_nor_a_websocket(alice: Any, ants: Team) -> None:
     run = await sync_to_async(_run)(alice, ants)
     _, key = await sync_to_async(ApiToken.issue)(alice)
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"authorization", f"Token {key}".encode())]
-    before = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+    before = open_socket(f"/ws/runs/{run.pk}/", key)
     assert (await before.connect(timeout=5))[0]
     await before.disconnect()
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     assert (await sync_to_async(client.delete)("/api/auth/token/")).status_code == 204
     assert (await sync_to_async(client.get)("/api/runs/")).status_code == 401
-    after = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
-    assert await after.connect(timeout=5) == (False, 4401)
+    assert await refusal_code(f"/ws/runs/{run.pk}/", key) == 4401
 
 
 # ---- throttling -------------------------------------------------------------------------------------------------
