@@ -42,6 +42,9 @@ from earl_core.ray_exec.dispatcher import Dispatcher, DispatchReport
 from earl_core.ray_exec.groups import WORKER_LOST, RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline
 
+# Progress lines per warm-start epoch: an epoch is one metrics point but can take many minutes.
+SFT_PROGRESS_LINES = 10
+
 
 @dataclass
 class RunSummary:
@@ -344,6 +347,12 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     RL; False when a stop request ended it between two steps."""
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
     teacher = make_opponent(cfg.sft.teacher)
+    mixed_games = (max(1, cfg.sft.positions // MIXED_POSITIONS_PER_GAME)
+                   if cfg.sft.positions and cfg.sft.position_source == "mixed" else 0)
+    # A solver teacher can take minutes here: say what is being played before the first step's metrics.
+    stream.emit(ev.Log("info", f"warm start: {cfg.sft.teacher} teacher playing {cfg.sft.games} games against"
+                               f" {cfg.sft.opponents}" + (f" and {mixed_games} mixed-play games" if mixed_games else "")))
+    started = time.monotonic()
     opponents = opponent_list(cfg.sft.opponents, "sft.opponents")
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % len(opponents)]),
                       seed=cfg.seed * 7919 + i)
@@ -355,30 +364,40 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     positions: list[dict[str, Any]] = []
     if cfg.sft.positions:
         turns = (game_turns(records) if cfg.sft.position_source == "games"
-                 else mixed_play_turns(teacher, max(1, cfg.sft.positions // MIXED_POSITIONS_PER_GAME), seed=cfg.seed))
+                 else mixed_play_turns(teacher, mixed_games, seed=cfg.seed))
         positions = one_turn_positions(turns, encoder, cfg.sft.positions, seed=cfg.seed,
                                        board_format=cfg.game.board_format,
                                        per_conversation=cfg.sft.positions_per_conversation)
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
                                    f" {len(positions)} conversations" if positions else "")
-                                + f", {cfg.sft.epochs} epochs"))
+                                + f", {cfg.sft.epochs} epochs (prepared in {time.monotonic() - started:.0f} s)"))
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)
         batches = [*_sft_batches(records, cfg.sft.batch, rng), *_sft_batches(positions, cfg.sft.batch, rng)]
         rng.shuffle(batches)
-        losses = []
-        for chunk in batches:
-            if len(chunk) < cfg.trainer_workers:  # every rank needs at least one conversation
-                continue
+        batches = [chunk for chunk in batches if len(chunk) >= cfg.trainer_workers]  # a conversation for every rank
+        losses: list[float] = []
+        epoch_started, every = time.monotonic(), max(1, len(batches) // SFT_PROGRESS_LINES)
+        for step, chunk in enumerate(batches, 1):
             if should_stop():
                 stream.emit(ev.Log("info", f"warm start stopped by request in epoch {epoch + 1}"))
                 return False
             losses.append(trainer.sft_step(chunk, cfg.sft.lr)["sft/loss"])
+            if step % every == 0 and step < len(batches):
+                _log_sft_progress(stream, epoch, step, len(batches), losses[-every:], time.monotonic() - epoch_started)
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
                                       "sft/steps": float(len(losses))})
     trainer.reset_optimizer()
     return True
+
+
+def _log_sft_progress(stream: ev.EventStream, epoch: int, step: int, steps: int, recent: list[float],
+                      elapsed_s: float) -> None:
+    """Where a warm-start epoch is: its step, the mean loss of the `recent` steps, the time left at this pace."""
+    left_s = elapsed_s / step * (steps - step)
+    stream.emit(ev.Log("info", f"warm start epoch {epoch + 1}: step {step}/{steps}, loss {sum(recent) / len(recent):.3f}"
+                               f" over the last {len(recent)} steps, about {left_s / 60:.1f} min left in the epoch"))
 
 
 def _sft_batches(items: list[dict[str, Any]], size: int, rng: random.Random) -> list[list[dict[str, Any]]]:

@@ -139,6 +139,8 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
     assert summary.status == "succeeded"
     logs = [e["data"]["message"] for e in got if e["type"] == "log"]
     assert any("8 heuristic games" in m and "20 positions (mixed) in 5 conversations" in m for m in logs), logs
+    assert "warm start: heuristic teacher playing 8 games against random,heuristic and 2 mixed-play games" in logs, logs
+    assert any(m.startswith("warm start epoch 1: step 1/2, loss ") for m in logs), logs  # progress within the epoch
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
     assert sft[0]["sft/steps"] == 1 + 1  # games and positions in separate batches: 8 / 8 + ceil(20 / 4 / 8)
     # The fresh tokenizer learned the cell words; the checkpoints record the format for eval and play.
