@@ -17,8 +17,7 @@ from rest_framework.test import APIClient
 from earl_core.config import RunConfig, config_errors
 from earl_core.errors import ConfigError
 from tests.webapp.conftest import TINY_CONFIG
-from tests.webapp.sockets import open_socket as _socket
-from tests.webapp.sockets import refusal_code
+from tests.webapp.sockets import open_socket, refusal_code
 from webapp.accounts.models import ApiToken
 from webapp.runs.live import publish_events
 from webapp.runs.models import Run
@@ -46,7 +45,7 @@ async def test_malformed_messages_get_error_frames_and_other_sockets_keep_stream
                                                                                    ants: Any) -> None:
     run = await sync_to_async(Run.objects.create)(team=ants, owner=alice, name="watched", config=TINY_CONFIG)
     alice_key, bob_key = await sync_to_async(_viewer_keys)(alice, bob)
-    noisy, quiet = _socket(f"/ws/runs/{run.pk}/", alice_key), _socket(f"/ws/runs/{run.pk}/", bob_key)
+    noisy, quiet = open_socket(f"/ws/runs/{run.pk}/", alice_key), open_socket(f"/ws/runs/{run.pk}/", bob_key)
     assert (await noisy.connect(timeout=5))[0] and (await quiet.connect(timeout=5))[0]
     await noisy.send_input({"type": "websocket.receive", "text": ""})  # an empty frame (send_to cannot send one)
     for junk in ["", *GARBAGE_TEXT]:
@@ -63,7 +62,7 @@ async def test_malformed_messages_get_error_frames_and_other_sockets_keep_stream
     await sync_to_async(publish_events)(run.pk, stored)
     assert json.loads(await quiet.receive_from(timeout=5))["seq"] == 1
     assert json.loads(await noisy.receive_from(timeout=5))["seq"] == 1
-    late = _socket(f"/ws/runs/{run.pk}/", bob_key)
+    late = open_socket(f"/ws/runs/{run.pk}/", bob_key)
     assert (await late.connect(timeout=5))[0]  # and new sockets are served
     for comm in (noisy, quiet, late):
         await comm.disconnect()
@@ -81,7 +80,7 @@ async def test_a_malformed_resume_point_closes_with_4400(query: str, alice: Any,
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_the_cluster_socket_answers_any_message_with_a_snapshot(alice: Any) -> None:
-    comm = _socket("/ws/cluster/", (await sync_to_async(ApiToken.issue)(alice))[1])
+    comm = open_socket("/ws/cluster/", (await sync_to_async(ApiToken.issue)(alice))[1])
     assert (await comm.connect(timeout=5))[0]
     assert json.loads(await comm.receive_from(timeout=5))["type"] == "cluster.snapshot"
     for junk in ("not json", "[" * 100_000):

@@ -10,8 +10,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from tests.webapp.conftest import TINY_CONFIG
-from tests.webapp.sockets import open_socket as _connect
-from tests.webapp.sockets import refusal_code
+from tests.webapp.sockets import open_socket, refusal_code
 from webapp.accounts.models import ApiToken
 from webapp.runs.live import publish_events
 from webapp.runs.services import store_events, submit_run
@@ -47,7 +46,7 @@ async def test_anonymous_and_other_team_are_refused(alice_run: int, charlie: Any
 
 async def test_backlog_then_live_without_gap_or_duplicate(alice_run: int, alice: Any) -> None:
     await sync_to_async(store_events)(alice_run, [_log(s) for s in (2, 3, 4)])
-    comm = _connect(f"/ws/runs/{alice_run}/?after=1", await sync_to_async(_key)(alice))
+    comm = open_socket(f"/ws/runs/{alice_run}/?after=1", await sync_to_async(_key)(alice))
     assert (await comm.connect(timeout=5))[0]
     assert await _receive_seqs(comm, 3) == [2, 3, 4]
     # a live batch repeating an old event and adding new ones
@@ -66,14 +65,14 @@ async def test_backlog_then_live_without_gap_or_duplicate(alice_run: int, alice:
 async def test_reconnect_resumes_after_last_seq(alice_run: int, alice: Any) -> None:
     await sync_to_async(store_events)(alice_run, [_log(s) for s in range(2, 8)])
     key = await sync_to_async(_key)(alice)
-    comm = _connect(f"/ws/runs/{alice_run}/?after=5", key)
+    comm = open_socket(f"/ws/runs/{alice_run}/?after=5", key)
     assert (await comm.connect(timeout=5))[0]
     assert await _receive_seqs(comm, 2) == [6, 7]
     await comm.disconnect()
 
 
 async def test_malformed_messages_get_an_error_frame_and_the_stream_goes_on(alice_run: int, alice: Any) -> None:
-    comm = _connect(f"/ws/runs/{alice_run}/", await sync_to_async(_key)(alice))
+    comm = open_socket(f"/ws/runs/{alice_run}/", await sync_to_async(_key)(alice))
     assert (await comm.connect(timeout=5))[0]
     assert await _receive_seqs(comm, 1) == [1]
     for junk in ("not json", "[1,2]", json.dumps({"type": "subscribe"})):
@@ -90,7 +89,7 @@ async def test_bad_after_is_refused(alice_run: int, alice: Any) -> None:
 
 async def test_cluster_socket_needs_auth_and_sends_a_snapshot(alice_run: int, alice: Any) -> None:
     assert await refusal_code("/ws/cluster/", None) == 4401
-    comm = _connect("/ws/cluster/", await sync_to_async(_key)(alice))
+    comm = open_socket("/ws/cluster/", await sync_to_async(_key)(alice))
     assert (await comm.connect(timeout=5))[0]
     frame = json.loads(await comm.receive_from(timeout=5))
     assert frame["type"] == "cluster.snapshot"
@@ -104,7 +103,7 @@ async def test_cluster_snapshot_requests_are_coalesced(alice_run: int, alice: An
     """A client asking for snapshots in a loop gets one per interval: each asks the database and Ray's dashboard."""
     from webapp.cluster.consumers import MIN_INTERVAL_S
 
-    comm = _connect("/ws/cluster/", await sync_to_async(_key)(alice))
+    comm = open_socket("/ws/cluster/", await sync_to_async(_key)(alice))
     assert (await comm.connect(timeout=5))[0]
     assert json.loads(await comm.receive_from(timeout=5))["type"] == "cluster.snapshot"
     for _ in range(20):

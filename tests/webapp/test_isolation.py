@@ -18,8 +18,7 @@ from rest_framework.test import APIClient
 
 from earl_core.checkpoints import STATE_FILE
 from tests.webapp.conftest import TINY_CONFIG
-from tests.webapp.sockets import open_socket as _socket
-from tests.webapp.sockets import refusal_code
+from tests.webapp.sockets import open_socket, refusal_code
 from webapp.accounts.models import ApiToken, Team
 from webapp.pages.urls import urlpatterns as page_routes
 from webapp.routing import websocket_urlpatterns
@@ -205,7 +204,7 @@ async def test_run_socket_closes_for_anonymous_and_other_teams_like_a_missing_ru
                             (f"/ws/runs/{alice_run.pk}/", charlie_key, 4404),
                             (f"/ws/runs/{MISSING_RUN}/", charlie_key, 4404)):
         assert await refusal_code(path, key) == code, (path, code)
-    own = _socket(f"/ws/runs/{alice_run.pk}/", await sync_to_async(_key)(alice))
+    own = open_socket(f"/ws/runs/{alice_run.pk}/", await sync_to_async(_key)(alice))
     assert (await own.connect(timeout=5))[0]
     await own.disconnect()
 

@@ -73,13 +73,9 @@ class Viewer(threading.Thread):
         asyncio.run(self._watch())
 
     async def _watch(self) -> None:
-        from channels.testing import WebsocketCommunicator
+        from tests.webapp.sockets import open_socket
 
-        from webapp.asgi import application
-
-        comm = WebsocketCommunicator(application, f"/ws/runs/{self.run_id}/?after=0",
-                                     headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"),
-                                              (b"authorization", f"Token {self.key}".encode())])
+        comm = open_socket(f"/ws/runs/{self.run_id}/?after=0", self.key)
         connected, _ = await comm.connect(timeout=10)
         assert connected
         self.connected.set()
