@@ -2,7 +2,9 @@
 
 Trains with the real pipeline (local Ray, vLLM rollout workers, trainer workers): an SFT warm start, then RL.
 Then evaluates, greedily, the warm-started checkpoint and the final one: against random as first and second player,
-and against the heuristic. Every intermediate checkpoint is evaluated against the heuristic for the curve.
+and against the heuristic. Every intermediate checkpoint is evaluated against the heuristic for the curve. Greedy
+play against the heuristic (nearly deterministic) repeats a few games, so both checkpoints also play it sampled at
+the training temperature: the lift of the policy RL trains, reported beside the greedy one.
 Prints a table and writes JSON.
 
     .venv/bin/python bench/learn_bench.py [--config bench/configs/learn.yaml] [--random-games 1000]
@@ -26,9 +28,10 @@ from earl_core.loop import train
 ROOT = Path(__file__).resolve().parent
 
 
-def _eval(ckpt: str, opponent: str, games: int, seed: int, limits: RunnerLimits) -> dict[str, Any]:
+def _eval(ckpt: str, opponent: str, games: int, seed: int, limits: RunnerLimits,
+          temperature: float = 0.0) -> dict[str, Any]:
     t = time.perf_counter()
-    res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed, limits=limits)
+    res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed, limits=limits, temperature=temperature)
     return {**{k: v.as_dict() for k, v in res.items()}, "seconds": time.perf_counter() - t}
 
 
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--random-games", type=int, default=1000, help="games per side against random")
     p.add_argument("--heuristic-games", type=int, default=500, help="games per side against the heuristic")
     p.add_argument("--curve-games", type=int, default=200, help="games per side for intermediate checkpoints")
+    p.add_argument("--sampled-games", type=int, default=500,
+                   help="games per side against the heuristic sampled at the training temperature")
     p.add_argument("--budget-min", type=float, default=20.0, help="training wall-time budget (minutes)")
     p.add_argument("--out", default=str(ROOT / "results" / "learn_bench.json"))
     args = p.parse_args(argv)
@@ -59,14 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     ckpts = sorted(str(c) for c in (cfg.run_dir / "checkpoints").glob("iter_*") if not c.name.endswith(".tmp"))
     start_ckpt, final_ckpt = ckpts[0], ckpts[-1]
     limits = run_limits(cfg)
+    temperature = cfg.rollout.temperature
 
     results: dict[str, Any] = {"config": cfg.to_dict(), "train_seconds": train_s, "checkpoints": ckpts}
     results["start"] = {"checkpoint": start_ckpt,
                         "vs_random": _eval(start_ckpt, "random", args.random_games, 1, limits),
-                        "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2, limits)}
+                        "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2, limits),
+                        "vs_heuristic_sampled": _eval(start_ckpt, "heuristic", args.sampled_games, 4, limits,
+                                                      temperature)}
     results["final"] = {"checkpoint": final_ckpt,
                         "vs_random": _eval(final_ckpt, "random", args.random_games, 1, limits),
-                        "vs_heuristic": _eval(final_ckpt, "heuristic", args.heuristic_games, 2, limits)}
+                        "vs_heuristic": _eval(final_ckpt, "heuristic", args.heuristic_games, 2, limits),
+                        "vs_heuristic_sampled": _eval(final_ckpt, "heuristic", args.sampled_games, 4, limits,
+                                                      temperature)}
     results["curve"] = [{"checkpoint": c, "vs_heuristic": _eval(c, "heuristic", args.curve_games, 3, limits)} for c in ckpts[1:-1]]
     results["training_metrics"] = metrics
 
@@ -74,26 +84,37 @@ def main(argv: list[str] | None = None) -> int:
         return (r["first"]["wins"] + r["second"]["wins"]) / (r["first"]["games"] + r["second"]["games"])
 
     start_h, final_h = both(results["start"]["vs_heuristic"]), both(results["final"]["vs_heuristic"])
+    start_hs = both(results["start"]["vs_heuristic_sampled"])
+    final_hs = both(results["final"]["vs_heuristic_sampled"])
     targets = {
         "train_within_budget": train_s <= args.budget_min * 60,
         "vs_random_first_ge_0.95": results["final"]["vs_random"]["first"]["win_rate"] >= 0.95,
         "vs_random_second_ge_0.90": results["final"]["vs_random"]["second"]["win_rate"] >= 0.90,
         "rl_lift_vs_heuristic_ge_20pts_or_ge_0.90": (final_h - start_h) >= 0.20 or final_h >= 0.90,
+        "rl_lift_vs_heuristic_sampled_ge_20pts_or_ge_0.90": (final_hs - start_hs) >= 0.20 or final_hs >= 0.90,
     }
     results["vs_heuristic_start"] = start_h
     results["vs_heuristic_final"] = final_h
+    results["vs_heuristic_sampled_start"] = start_hs
+    results["vs_heuristic_sampled_final"] = final_hs
     results["targets"] = targets
 
     print(f"\ntraining wall time: {train_s / 60:.1f} min (budget {args.budget_min:.0f} min), status {summary.status}")
-    print(f"{'checkpoint':<28}{'opponent':<11}{'first':>8}{'second':>8}   (win rates, greedy)")
+    print(f"{'checkpoint':<28}{'opponent':<16}{'first':>8}{'second':>8}   (win rates; greedy unless T is given)")
     for label in ("start", "final"):
-        for opp in ("vs_random", "vs_heuristic"):
+        for opp in ("vs_random", "vs_heuristic", "vs_heuristic_sampled"):
             r = results[label][opp]
-            print(f"{Path(results[label]['checkpoint']).name + ' (' + label + ')':<28}{opp[3:]:<11}"
+            print(f"{Path(results[label]['checkpoint']).name + ' (' + label + ')':<28}"
+                  f"{opp[3:].replace('heuristic_sampled', f'heuristic, T={temperature:g}'):<16}"
                   f"{r['first']['win_rate']:>8.3f}{r['second']['win_rate']:>8.3f}")
     for point in results["curve"]:
         r = point["vs_heuristic"]
-        print(f"{Path(point['checkpoint']).name:<28}{'heuristic':<11}{r['first']['win_rate']:>8.3f}{r['second']['win_rate']:>8.3f}")
+        print(f"{Path(point['checkpoint']).name:<28}{'heuristic':<16}{r['first']['win_rate']:>8.3f}{r['second']['win_rate']:>8.3f}")
+    print("\nwhy the final checkpoint lost:")
+    for opp in ("vs_random", "vs_heuristic", "vs_heuristic_sampled"):
+        for side in ("first", "second"):
+            causes = results["final"][opp][side]["loss_causes"]
+            print(f"  {opp[3:]:<20}{side:<7}" + (", ".join(f"{n} {c}" for c, n in causes.items()) or "no losses"))
     print("\nRL iterations (training opponent, sampled play):")
     for m in metrics:
         v = m["values"]

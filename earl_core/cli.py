@@ -55,15 +55,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: int, *, limits: Any = None) -> int:
+def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: int, *, limits: Any = None,
+                temperature: float = 0.0) -> int:
     from earl_core.evaluate import evaluate_checkpoint
 
-    results = evaluate_checkpoint(checkpoint, opponent=opponent, games=games, engine=engine, seed=seed, limits=limits)
+    results = evaluate_checkpoint(checkpoint, opponent=opponent, games=games, engine=engine, seed=seed, limits=limits,
+                                  temperature=temperature)
     for side in results.values():
         d = side.as_dict()
         lo, hi = d["win_rate_ci95"]
         print(f"as {side.side:6s}: {side.wins}W {side.draws}D {side.losses}L of {side.games}  "
               f"win rate {side.win_rate:.3f} (95% CI {lo:.3f}-{hi:.3f}), invalid answers {side.invalid_answers}")
+        if side.losses:
+            print("          losses: " + ", ".join(f"{n} {cause}" for cause, n in side.loss_causes.items()))
     print(json.dumps({k: v.as_dict() for k, v in results.items()}))
     return 0
 
@@ -72,7 +76,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from earl_core.evaluate import checkpoint_limits
 
     limits = checkpoint_limits(args.checkpoint, board_format=args.board_format)
-    return _print_eval(args.checkpoint, args.opponent, args.games, args.engine, args.seed, limits=limits)
+    return _print_eval(args.checkpoint, args.opponent, args.games, args.engine, args.seed, limits=limits,
+                       temperature=args.temperature)
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -116,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--games", type=int, default=100, help="games per side")
     e.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 0.01..2 samples, as in "
+                   "training: against a nearly deterministic opponent greedy play repeats the same few games")
     e.add_argument("--board-format", choices=BOARD_FORMATS, help="board text in the prompts (default: the one the "
                    "checkpoint was trained with, rows for a model without earl_state.json)")
     e.set_defaults(func=cmd_eval)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, replace
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, engine_policy, play_episodes
 from earl_core.checkpoints import STATE_FILE
 from earl_core.config import GameConfig, RolloutConfig, RunConfig
@@ -40,6 +42,11 @@ class SideResult:
     draws: int
     losses: int
     invalid_answers: int
+    # Why games were lost ("four in a row", "invalid answer (full column)", "context limit reached", ...) and
+    # every invalid answer by kind (protocol.INVALID_KINDS), retried ones included: a model that misreads the
+    # board and one that forgot the format lose the same game for different reasons.
+    loss_causes: dict[str, int] = field(default_factory=dict)
+    invalid_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def win_rate(self) -> float:
@@ -60,22 +67,39 @@ def evaluate_policy(policy: Policy, encoder: ChatEncoder, *, opponent: str, game
         specs = [GameSpec(index=i, group=i, agent_side=side, opponent=make_opponent(opponent), seed=rng.getrandbits(31))
                  for i in range(games)]
         eps = play_episodes(specs, policy, encoder, limits=limits)
-        results = [e.result for e in eps]
-        out[label] = SideResult(label, games, results.count("win"), results.count("draw"), results.count("loss"),
-                                sum(e.invalid for e in eps))
+        out[label] = side_result(label, eps)
     return out
 
 
+def side_result(side: str, episodes: list[Episode]) -> SideResult:
+    """Counts of finished episodes played from one side."""
+    results = [e.result for e in episodes]
+    causes = Counter(loss_cause(e) for e in episodes if e.result == "loss")
+    kinds = Counter(kind for e in episodes for kind in e.invalid_kinds)
+    return SideResult(side, len(episodes), results.count("win"), results.count("draw"), results.count("loss"),
+                      sum(e.invalid for e in episodes), dict(causes.most_common()), dict(kinds.most_common()))
+
+
+def loss_cause(ep: Episode) -> str:
+    """Why a lost game ended, without the per-game details (which column was full)."""
+    if ep.end_reason.startswith("invalid answer") and ep.invalid_kinds:
+        return f"invalid answer ({ep.invalid_kinds[-1]})"
+    return ep.end_reason
+
+
 def evaluate_checkpoint(model_dir: str, *, opponent: str, games: int, engine: str = "vllm", seed: int = 0,
-                        limits: RunnerLimits | None = None,
+                        limits: RunnerLimits | None = None, temperature: float = 0.0,
                         engine_opts: dict[str, Any] | None = None) -> dict[str, SideResult]:
-    """Greedy play of a saved model (local folder or hub id) through a rollout engine, under the run's limits."""
+    """Play of a saved model (local folder or hub id) through a rollout engine, under the run's limits: greedy by
+    default, or sampled at `temperature` (the policy RL trains; against a nearly deterministic opponent greedy
+    play repeats a handful of games, so its win rate jumps between 0 and 1)."""
     limits = limits or RunnerLimits()
+    # Checked before the engine starts: a bad value is a clear error, not a minute's wait for one.
+    spec = SamplingSpec(max_new_tokens=limits.max_new_tokens, temperature=temperature, seed=seed)
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(model_dir))
     eng = make_engine(engine, model_dir, **(engine_opts or {}))
     try:
-        spec = SamplingSpec(max_new_tokens=limits.max_new_tokens, temperature=0.0, stop_token_ids=(encoder.im_end,),
-                            seed=seed)
+        spec = replace(spec, stop_token_ids=(encoder.im_end,))
         return evaluate_policy(engine_policy(eng, spec), encoder, opponent=opponent, games=games, seed=seed,
                                limits=limits)
     finally:

@@ -86,12 +86,21 @@ def answer_text(column: int) -> str:
     return f"[col {column}]"
 
 
+# Kinds of invalid answer (``ParsedAnswer.kind``): what evaluation counts, so a breakdown says whether a model
+# lost the format or misread the board.
+UNREADABLE = "unreadable"
+NO_SUCH_COLUMN = "no such column"
+FULL_COLUMN = "full column"
+INVALID_KINDS = (UNREADABLE, NO_SUCH_COLUMN, FULL_COLUMN)
+
+
 @dataclass(frozen=True)
 class ParsedAnswer:
-    """Result of reading an agent's answer: a column, or a problem to report back."""
+    """Result of reading an agent's answer: a column, or a problem to report back and its kind."""
 
     column: int | None
     problem: str | None = None
+    kind: str | None = None  # one of INVALID_KINDS when the answer is invalid
 
     @property
     def ok(self) -> bool:
@@ -106,11 +115,11 @@ def parse_answer(text: str, board: Board) -> ParsedAnswer:
     else:
         bare = _BARE_DIGIT_RE.match(text)
         if bare is None:
-            return ParsedAnswer(None, "no [col N] found in your answer.")
+            return ParsedAnswer(None, "no [col N] found in your answer.", UNREADABLE)
         raw = bare.group(1)
     column = int(raw)
     if not 0 <= column <= 6:
-        return ParsedAnswer(None, f"column {column} does not exist (columns are 0-6).")
+        return ParsedAnswer(None, f"column {column} does not exist (columns are 0-6).", NO_SUCH_COLUMN)
     if column not in board.legal_columns():
-        return ParsedAnswer(None, f"column {column} is full.")
+        return ParsedAnswer(None, f"column {column} is full.", FULL_COLUMN)
     return ParsedAnswer(column)

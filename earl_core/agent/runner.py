@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
@@ -17,8 +18,19 @@ Policy = Callable[[list[Episode]], list[Generation]]
 
 
 def engine_policy(engine: RolloutEngine, spec: SamplingSpec) -> Policy:
-    """A policy that asks a rollout engine to continue every waiting conversation, as one batch."""
-    return lambda episodes: engine.generate([ep.conversation.token_ids for ep in episodes], spec)
+    """A policy that asks a rollout engine to continue every waiting conversation, as one batch.
+
+    A seeded sampling spec gets a seed of its own for each call, derived from the spec's: prompt i of a call
+    samples with seed + i, so with one seed for all calls every turn of a game would reuse its first turn's draws."""
+    calls = itertools.count()
+
+    def policy(episodes: list[Episode]) -> list[Generation]:
+        call_spec = spec
+        if spec.seed is not None and not spec.greedy:
+            call_spec = replace(spec, seed=random.Random(f"{spec.seed}/{next(calls)}").getrandbits(31))
+        return engine.generate([ep.conversation.token_ids for ep in episodes], call_spec)
+
+    return policy
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,7 @@ def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: Ru
     answer = protocol.parse_answer(text, ep.board)
     if not answer.ok:
         ep.invalid += 1
+        ep.invalid_kinds.append(answer.kind or protocol.UNREADABLE)
         ep.moves.append(MoveRecord(len(ep.moves), "agent", None, ep.board.to_text(), text, len(conv)))
         if ep.retries_left <= 0:
             ep.finish("loss", f"invalid answer: {answer.problem}", format_penalty=limits.format_penalty)

@@ -32,9 +32,17 @@ def test_an_unknown_board_format_names_the_choices(tmp_path: Path) -> None:
     assert out.returncode == 2 and "game.board_format" in out.stderr and "cells" in out.stderr
 
 
+def test_an_out_of_range_temperature_is_refused_before_the_engine_starts(protocol_model: Path) -> None:
+    out = _run("eval", "--checkpoint", str(protocol_model), "--temperature", "5", "--engine", "hf")
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: sampling.temperature: 5.0 is out of range (allowed: 0 or 0.01..2)"
+
+
 @pytest.mark.slow
-def test_eval_reports_both_sides(protocol_model: Path) -> None:
-    out = _run("eval", "--checkpoint", str(protocol_model), "--opponent", "random", "--games", "3", "--engine", "hf")
+@pytest.mark.parametrize("temperature", ["0", "1.0"])
+def test_eval_reports_both_sides(protocol_model: Path, temperature: str) -> None:
+    out = _run("eval", "--checkpoint", str(protocol_model), "--opponent", "random", "--games", "3", "--engine", "hf",
+               "--temperature", temperature)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     for side in ("first", "second"):
@@ -42,6 +50,8 @@ def test_eval_reports_both_sides(protocol_model: Path) -> None:
         assert r["wins"] + r["draws"] + r["losses"] == r["games"] == 3
         lo, hi = r["win_rate_ci95"]
         assert 0 <= lo <= r["win_rate"] <= hi <= 1
+        assert sum(r["loss_causes"].values()) == r["losses"]
+        assert sum(r["invalid_kinds"].values()) == r["invalid_answers"]
 
 
 @pytest.mark.slow

@@ -38,6 +38,14 @@ def test_parse_rejects_with_reason() -> None:
     assert protocol.parse_answer("column three", Board()).problem == "no [col N] found in your answer."
     assert not protocol.parse_answer("", Board()).ok
     assert not protocol.parse_answer("12", Board()).ok
+
+
+def test_invalid_answers_name_their_kind() -> None:
+    full = Board.from_moves("111111")
+    kinds = {text: protocol.parse_answer(text, full).kind for text in ("[col 0]", "[col 9]", "[col -1]", "hmm", "")}
+    assert kinds == {"[col 0]": protocol.FULL_COLUMN, "[col 9]": protocol.NO_SUCH_COLUMN,
+                     "[col -1]": protocol.NO_SUCH_COLUMN, "hmm": protocol.UNREADABLE, "": protocol.UNREADABLE}
+    assert protocol.parse_answer("[col 1]", full).kind is None
     assert protocol.parse_answer("[col " + "9" * 5000 + "]", Board()).problem == "no [col N] found in your answer."
 
 
