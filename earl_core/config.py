@@ -17,7 +17,7 @@ CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
 FLOAT_MAX_BITS = 1024  # ints above 2**1024 overflow a float
 _OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
-BOARD_FORMATS = ("rows", "cells")  # how the agent protocol writes the board (earl_core.agent.protocol)
+BOARD_FORMATS = ("rows", "cells", "cells_landing")  # how the agent protocol writes the board (earl_core.agent.protocol)
 POSITION_SOURCES = ("games", "mixed")  # where sft.positions are cut from (earl_core.agent.teacher)
 OPPONENT_ALLOWED = ("random, heuristic, heuristic:P (P% random moves, 0..100), solver, solver:D with D in 1..42, "
                     "or a comma-separated list of these")
@@ -84,9 +84,10 @@ class GameConfig:
     format_penalty: float = 0.0
     """Reward subtracted per invalid answer (on top of win +1 / loss -1 / draw 0)."""
     board_format: str = "rows"
-    """How each turn writes the board: rows (a column header, then rows of X / O / .) or cells (one word per
+    """How each turn writes the board: rows (a column header, then rows of X / O / .), cells (one word per
     cell, e.g. `dax` = column d (3), bottom row a, X; a freshly built tokenizer makes each one token, which small
-    models learn tactics from far sooner). A checkpoint records it; eval and play use the checkpoint's."""
+    models learn tactics from far sooner) or cells_landing (cells, and each legal column followed by the word of the
+    empty cell its stone would land in, e.g. `3 dbe`). A checkpoint records it; eval and play use the checkpoint's."""
 
     def __post_init__(self) -> None:
         opponent_list(self.opponent, "game.opponent")

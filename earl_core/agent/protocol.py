@@ -11,7 +11,10 @@ Board formats (``game.board_format``; the system prompt explains the one in use)
   (a = bottom row), content x, o or e (empty): ``dax`` is an X in column 3 on the bottom row. A byte-level
   BPE tokenizer trained on this text makes every (cell, content) one token, so a stone's place is in its
   identity rather than in its position in the text; small models learn the tactics from it far sooner
-  (bench/README.md, imitation_probe).
+  (bench/README.md, imitation_probe);
+- ``cells_landing``: ``cells``, and each legal column is followed by the word of the empty cell its stone would land
+  in (``Legal columns: 0 aae, 3 dbe, ...``): the same token as that cell of the board, so the cell a move fills
+  is named rather than left to be worked out from the column's height.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ _LEGEND = {
     "cells": ("(one word per cell, top row first: column letter a-g for columns 0-6, row letter a-f from the bottom, "
               "then {mine_lc} = yours, {theirs_lc} = your opponent's, e = empty)"),
 }
+_LEGEND["cells_landing"] = _LEGEND["cells"]
+_LEGAL_NOTE = {"cells_landing": " Each legal column is followed by the cell its stone would land in."}
 _CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
 # At most 3 digits: a long run of digits is no column, and int() of thousands of digits would raise.
 _ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d{1,3})\s*\]", re.IGNORECASE)
@@ -52,7 +57,7 @@ def system_prompt(agent_side: int, board_format: str = "rows") -> str:
     mine, theirs = MARKS[agent_side], MARKS[3 - agent_side]
     first = "You move first." if agent_side == 1 else "Your opponent moves first."
     legend = _LEGEND[board_format].format(mine=mine, theirs=theirs, mine_lc=mine.lower(), theirs_lc=theirs.lower())
-    return _SYSTEM.format(mark=mine, first=first, legend=legend)
+    return _SYSTEM.format(mark=mine, first=first, legend=legend) + _LEGAL_NOTE.get(board_format, "")
 
 
 def board_text(board: Board, board_format: str = "rows") -> str:
@@ -60,12 +65,19 @@ def board_text(board: Board, board_format: str = "rows") -> str:
     _check_board_format(board_format)
     if board_format == "rows":
         return board.to_text()
-    return "\n".join(" ".join("abcdefg"[c] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, c)] for c in range(7))
-                     for row in range(5, -1, -1))
+    return "\n".join(" ".join(_cell_word(board, row, c) for c in range(7)) for row in range(5, -1, -1))
 
 
-def _legal_text(board: Board) -> str:
-    return "Legal columns: " + ", ".join(str(c) for c in board.legal_columns()) + "."
+def _cell_word(board: Board, row: int, column: int) -> str:
+    return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, column)]
+
+
+def _legal_text(board: Board, board_format: str) -> str:
+    columns = board.legal_columns()
+    if board_format == "cells_landing":
+        landing = {c: next(r for r in range(6) if board.cell(r, c) == 0) for c in columns}
+        return "Legal columns: " + ", ".join(f"{c} {_cell_word(board, landing[c], c)}" for c in columns) + "."
+    return "Legal columns: " + ", ".join(str(c) for c in columns) + "."
 
 
 def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "rows") -> str:
@@ -73,12 +85,13 @@ def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "
     # The opponent's move is phrased unlike an answer ("column N", not "[col N]") so that copying it is not
     # the easiest thing for a small model to learn.
     head = "Your move." if opponent_column is None else f"Opponent dropped a stone in column {opponent_column}."
-    return f"{head}\n{board_text(board, board_format)}\n{_legal_text(board)}"
+    return f"{head}\n{board_text(board, board_format)}\n{_legal_text(board, board_format)}"
 
 
 def retry_prompt(board: Board, problem: str, board_format: str = "rows") -> str:
     """Feedback after an invalid answer; the agent gets one more try (configurable)."""
-    return f"Invalid move: {problem} Answer with [col N].\n{board_text(board, board_format)}\n{_legal_text(board)}"
+    return (f"Invalid move: {problem} Answer with [col N].\n{board_text(board, board_format)}\n"
+            f"{_legal_text(board, board_format)}")
 
 
 def answer_text(column: int) -> str:

@@ -79,6 +79,16 @@ def test_cells_format_writes_one_word_per_cell() -> None:
     assert "dax" in protocol.retry_prompt(board, "column 9 does not exist.", "cells")
 
 
+def test_cells_landing_names_the_cell_each_legal_column_fills() -> None:
+    board = Board.from_moves("4453" + "111111")  # column 0 full; X d1, O d2, X e1, O c1 as above
+    text = protocol.turn_prompt(board, 0, "cells_landing")
+    assert protocol.board_text(board, "cells") in text
+    assert text.endswith("Legal columns: 1 bae, 2 cbe, 3 dce, 4 ebe, 5 fae, 6 gae.")
+    assert "would land in" in protocol.system_prompt(1, "cells_landing")
+    assert "land in" not in protocol.system_prompt(1, "cells")
+    assert protocol.retry_prompt(board, "column 0 is full.", "cells_landing").endswith("5 fae, 6 gae.")
+
+
 def test_system_prompt_explains_the_board_format() -> None:
     assert "X = yours, O = your opponent's, . = empty" in protocol.system_prompt(1, "rows")
     assert protocol.system_prompt(1) == protocol.system_prompt(1, "rows")
@@ -89,7 +99,7 @@ def test_system_prompt_explains_the_board_format() -> None:
 def test_unknown_board_format_is_refused() -> None:
     import pytest
 
-    with pytest.raises(ValueError, match="allowed: rows, cells"):
+    with pytest.raises(ValueError, match="allowed: rows, cells, cells_landing"):
         protocol.turn_prompt(Board(), None, "columns")
 
 
