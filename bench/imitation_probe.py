@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--board", choices=BOARD_FORMATS, default="rows",
-                   help="the board text in the prompts (game.board_format): rows, or cells (one word per cell)")
+                   help="the board text in the prompts (game.board_format): rows, cells (one word per cell) or "
+                   "cells_landing (cells, each legal column with the cell it fills)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
