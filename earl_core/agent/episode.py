@@ -36,12 +36,16 @@ class Episode:
     conversation: Conversation = field(default_factory=Conversation)
     moves: list[MoveRecord] = field(default_factory=list)
     turn_context: list[int] = field(default_factory=list)  # prompt length at each agent turn
-    invalid: int = 0
     invalid_kinds: list[str] = field(default_factory=list)  # protocol.INVALID_KINDS, one per invalid answer
     retries_left: int = 1
     result: str | None = None  # win | loss | draw once finished
     end_reason: str = ""
     reward: float = 0.0
+
+    @property
+    def invalid(self) -> int:
+        """Invalid answers so far, retried ones included."""
+        return len(self.invalid_kinds)
 
     @property
     def done(self) -> bool:

@@ -107,7 +107,6 @@ def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: Ru
     text = encoder.decode_answer(list(gen.token_ids))
     answer = protocol.parse_answer(text, ep.board)
     if not answer.ok:
-        ep.invalid += 1
         ep.invalid_kinds.append(answer.kind or protocol.UNREADABLE)
         ep.moves.append(MoveRecord(len(ep.moves), "agent", None, ep.board.to_text(), text, len(conv)))
         if ep.retries_left <= 0:
