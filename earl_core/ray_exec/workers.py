@@ -58,14 +58,15 @@ class RolloutWorker:
         fields; the move texts only of ``shown_game``), per-group reward scalars and rollout statistics."""
         generated = 0
         calls = 0
+        # A seed of this worker's own: equal prompts on different workers must not share draws (GRPO groups would
+        # collapse); engine_policy then derives a fresh seed per call (turn) from it.
+        seed = random.Random(f"{sampling.get('seed')}/{self.index}").getrandbits(31)
+        engine_turn = engine_policy(self.engine, SamplingSpec(**{**sampling, "seed": seed,
+                                                                 "stop_token_ids": (self.encoder.im_end,)}))
 
         def policy(episodes: list[Episode]) -> list[Generation]:
             nonlocal generated, calls
-            # A fresh seed per worker and per turn: prompt i of a call samples with seed + i, so equal
-            # prompts on different workers or turns must not share a seed (GRPO groups would collapse).
-            seed = random.Random(f"{sampling.get('seed')}/{self.index}/{calls}").getrandbits(31)
-            spec = SamplingSpec(**{**sampling, "seed": seed, "stop_token_ids": (self.encoder.im_end,)})
-            gens = engine_policy(self.engine, spec)(episodes)
+            gens = engine_turn(episodes)
             generated += sum(len(g.token_ids) for g in gens)
             calls += 1
             return gens
