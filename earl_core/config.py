@@ -12,6 +12,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from earl_core.errors import ConfigError
+from earl_core.rl.schedule import LR_SCHEDULES
 
 CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
@@ -203,6 +204,9 @@ class SFTConfig:
     """Passes over the teacher games (and the positions)."""
     lr: float = 1e-3
     """Learning rate of the warm start."""
+    lr_schedule: str = "constant"
+    """How the warm start's learning rate changes over its steps (all epochs): constant, or cosine (from lr at the
+    first step down along half a cosine, to near zero at the last)."""
     batch: int = 32
     """Conversations per optimiser step."""
     mistake_rate: float = 0.0
@@ -222,6 +226,7 @@ class SFTConfig:
         _check_range("sft.positions_per_conversation", self.positions_per_conversation, 1, 64)
         _check_range("sft.epochs", self.epochs, 1, 1000)
         _check_range("sft.lr", self.lr, 1e-8, 1.0)
+        _check_choice("sft.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check_range("sft.batch", self.batch, 1, 4096)
         _check_range("sft.mistake_rate", self.mistake_rate, 0.0, 1.0)
 

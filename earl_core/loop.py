@@ -41,6 +41,7 @@ from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.dispatcher import Dispatcher, DispatchReport
 from earl_core.ray_exec.groups import WORKER_LOST, RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline
+from earl_core.rl.schedule import scheduled_lr
 
 # Progress lines per warm-start epoch: an epoch is one metrics point but can take many minutes.
 SFT_PROGRESS_LINES = 10
@@ -372,22 +373,26 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
                                    f" {len(positions)} conversations" if positions else "")
                                 + f", {cfg.sft.epochs} epochs (prepared in {time.monotonic() - started:.0f} s)"))
+    done, total, lr = 0, 0, cfg.sft.lr
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)
         batches = [*_sft_batches(records, cfg.sft.batch, rng), *_sft_batches(positions, cfg.sft.batch, rng)]
         rng.shuffle(batches)
         batches = [chunk for chunk in batches if len(chunk) >= cfg.trainer_workers]  # a conversation for every rank
+        total = total or len(batches) * cfg.sft.epochs  # every epoch cuts the same batch sizes
         losses: list[float] = []
         epoch_started, every = time.monotonic(), max(1, len(batches) // SFT_PROGRESS_LINES)
         for step, chunk in enumerate(batches, 1):
             if should_stop():
                 stream.emit(ev.Log("info", f"warm start stopped by request in epoch {epoch + 1}"))
                 return False
-            losses.append(trainer.sft_step(chunk, cfg.sft.lr)["sft/loss"])
+            lr = scheduled_lr(cfg.sft.lr, cfg.sft.lr_schedule, min(done, total - 1), total)
+            losses.append(trainer.sft_step(chunk, lr)["sft/loss"])
+            done += 1
             if step % every == 0 and step < len(batches):
                 _log_sft_progress(stream, epoch, step, len(batches), losses[-every:], time.monotonic() - epoch_started)
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
-                                      "sft/steps": float(len(losses))})
+                                      "sft/steps": float(len(losses)), "sft/lr": lr})
     trainer.reset_optimizer()
     return True
 

@@ -47,6 +47,7 @@ def test_defaults_round_trip() -> None:
         ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
         ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
         ({"sft": {"position_source": "solver"}}, "sft.position_source", "games, mixed"),
+        ({"sft": {"lr_schedule": "linear"}}, "sft.lr_schedule", "constant, cosine"),
     ],
 )
 def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:
