@@ -28,16 +28,19 @@ demo-cli: setup
 # The PostgreSQL pass runs the web and worker tests again where a PostgreSQL answers (CI has one; SQLite stays the
 # embedded default and runs the whole suite). Browser tests run in their own pytest process (Playwright's event loop).
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/earl
-# These two run once (SQLite pass) to keep CI under 30 min; what they do in the database runs on PostgreSQL too:
-# lease expiry and requeue in tests/webapp/test_leases.py, preemption and requeue in tests/webapp/test_admission.py.
-KILL_TEST := tests/workers/test_execute_run.py::test_a_worker_killed_mid_run_is_recovered_and_resumes_from_its_checkpoint
-PREEMPT_TEST := tests/workers/test_execute_run.py::test_a_preempted_run_checkpoints_requeues_and_resumes_from_its_checkpoint
+# These end-to-end runs run once (SQLite pass) to keep CI under 30 min; what they do in the database runs on
+# PostgreSQL too: lease expiry and requeue in tests/webapp/test_leases.py, preemption and requeue in
+# tests/webapp/test_admission.py, cancel flags in tests/webapp/test_api_runs.py and tests/workers/test_tasks.py.
+E2E := tests/workers/test_execute_run.py
+SQLITE_ONLY := --deselect $(E2E)::test_a_worker_killed_mid_run_is_recovered_and_resumes_from_its_checkpoint \
+	--deselect $(E2E)::test_a_preempted_run_checkpoints_requeues_and_resumes_from_its_checkpoint \
+	--deselect $(E2E)::test_cancel_stops_a_running_run_at_a_safe_point
 
 test: setup browser-deps
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser --durations=15
 	@if $(PY) -m webapp.dbcheck "$(PG_TEST_URL)"; then \
 		DATABASE_URL="$(PG_TEST_URL)" $(PY) -m pytest -q -p no:cacheprovider tests/webapp tests/workers \
-			--deselect "$(KILL_TEST)" --deselect "$(PREEMPT_TEST)"; \
+			$(SQLITE_ONLY); \
 	else echo "PostgreSQL pass skipped: nothing answers at $(PG_TEST_URL) (set PG_TEST_URL)"; fi
 	$(PY) -m pytest -q -p no:cacheprovider tests/browser
 
