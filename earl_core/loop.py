@@ -373,22 +373,22 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
                                    f" {len(positions)} conversations" if positions else "")
                                 + f", {cfg.sft.epochs} epochs (prepared in {time.monotonic() - started:.0f} s)"))
-    done, total, lr = 0, 0, cfg.sft.lr
+    lr = cfg.sft.lr
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)
         batches = [*_sft_batches(records, cfg.sft.batch, rng), *_sft_batches(positions, cfg.sft.batch, rng)]
         rng.shuffle(batches)
         batches = [chunk for chunk in batches if len(chunk) >= cfg.trainer_workers]  # a conversation for every rank
-        total = total or len(batches) * cfg.sft.epochs  # every epoch cuts the same batch sizes
         losses: list[float] = []
         epoch_started, every = time.monotonic(), max(1, len(batches) // SFT_PROGRESS_LINES)
         for step, chunk in enumerate(batches, 1):
             if should_stop():
                 stream.emit(ev.Log("info", f"warm start stopped by request in epoch {epoch + 1}"))
                 return False
-            lr = scheduled_lr(cfg.sft.lr, cfg.sft.lr_schedule, min(done, total - 1), total)
+            # Every epoch cuts the same batch sizes, so all epochs together make len(batches) * epochs steps.
+            lr = scheduled_lr(cfg.sft.lr, cfg.sft.lr_schedule, epoch * len(batches) + step - 1,
+                              len(batches) * cfg.sft.epochs)
             losses.append(trainer.sft_step(chunk, lr)["sft/loss"])
-            done += 1
             if step % every == 0 and step < len(batches):
                 _log_sft_progress(stream, epoch, step, len(batches), losses[-every:], time.monotonic() - epoch_started)
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
