@@ -161,6 +161,10 @@ class AlgoConfig:
     """GRPO: divide by the group's reward std (Dr. GRPO style when false)."""
     baseline_decay: float = 0.9
     """REINFORCE: decay of the running-mean reward baseline."""
+    turn_discount: float = 1.0
+    """Credit of each answer in its game's outcome: the k-th answer from the end weighs turn_discount**k in the
+    loss (a retry after an invalid answer counts as an answer). 1 (default): every answer shares the outcome
+    equally; below 1 the last answers, which decide most games against weak opponents, take most of it."""
 
     def __post_init__(self) -> None:
         _check_choice("algo.name", self.name, ("grpo", "reinforce"))
@@ -171,6 +175,7 @@ class AlgoConfig:
         _check_range("algo.micro_batch", self.micro_batch, 1, 4096)
         _check_range("algo.max_grad_norm", self.max_grad_norm, 0.0, 1e6)
         _check_range("algo.baseline_decay", self.baseline_decay, 0.0, 1.0)
+        _check_range("algo.turn_discount", self.turn_discount, 0.0, 1.0)
         if not isinstance(self.normalize_std, bool):
             raise ConfigError("algo.normalize_std", f"must be true or false, got {self.normalize_std!r}", allowed="true, false")
 

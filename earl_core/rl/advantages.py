@@ -1,6 +1,7 @@
 """Episode-level advantages for multi-turn games: GRPO (group-relative) and REINFORCE with a running baseline.
 
-A game yields one reward at its end; every agent token of the game shares the episode's advantage.
+A game yields one reward at its end; every agent token of the game shares the episode's advantage, weighted (where
+configured) by how near the end of the game its answer is.
 """
 
 from __future__ import annotations
@@ -44,3 +45,22 @@ class RunningBaseline:
     def advantages(self, rewards: Sequence[float]) -> torch.Tensor:
         """r - baseline (baseline taken before this batch), then fold this batch's mean into it."""
         return baseline_advantages(rewards, self.take(batch_mean(summarise(rewards, [0] * len(rewards)))))
+
+
+def answer_weights(action_mask: torch.Tensor, discount: float) -> torch.Tensor:
+    """Per-token credit of each answer in its game's outcome: the k-th answer from the end weighs discount**k.
+
+    `action_mask` is (B, T) with 1 on agent tokens; an answer is a run of consecutive agent tokens (a retry after an
+    invalid answer is an answer of its own). Why: against a weak opponent a game is mostly decided by its last
+    answers (a four not blocked, a win not taken), yet every answer shares the episode's advantage equally; a
+    discount puts the blame and the credit where the outcome was decided. discount=1 returns the mask itself.
+    """
+    mask = action_mask.to(torch.float32)
+    if discount == 1.0:
+        return mask
+    on = mask > 0
+    before = torch.zeros_like(on)
+    before[:, 1:] = on[:, :-1]
+    starts = (on & ~before).to(torch.float32)  # first token of every answer
+    after = starts.sum(dim=1, keepdim=True) - starts.cumsum(dim=1)  # answers starting after this token
+    return mask * torch.pow(torch.tensor(discount, dtype=torch.float32), after)

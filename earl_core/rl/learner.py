@@ -30,6 +30,7 @@ from earl_core.parallel.probe import PeakMemory
 from earl_core.parallel.tensor_parallel import (check_tp_degree, clip_grad_norm, full_optimizer_state,
                                                 full_state_dict, load_full_optimizer_state, load_full_state_dict,
                                                 local, shard_model)
+from earl_core.rl.advantages import answer_weights
 from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
@@ -163,17 +164,20 @@ class Learner:
                 "memory/train_peak_bytes": float(train_peak.bytes)}
 
     def rl_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`algo.epochs` optimiser steps over the batch; loss is the mean over agent tokens of all ranks."""
+        """`algo.epochs` optimiser steps over the batch; loss is the mean over agent tokens of all ranks, each token
+        weighted by its answer's credit (`algo.turn_discount`; 1 by default)."""
         assert batch.old_logprobs is not None, "call prepare() first"
         metrics: dict[str, float] = {}
         for _ in range(self.algo.epochs):
-            sums = torch.zeros(5, dtype=torch.float64)  # policy, kl, clipped, ratio, tokens
+            # policy, kl, clipped, ratio, credit-weighted tokens (the mean's divisor), tokens
+            sums = torch.zeros(6, dtype=torch.float64)
             self.optimizer.zero_grad(set_to_none=True)
             chunks = list(micro_batches(batch, self.train_micro_batch))
             idle = self._lockstep(len(chunks)) - len(chunks)
             for mb in chunks:
-                mask = mb.action_mask.to(self.device)
-                if float(mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
+                # Every per-token term and the token count carry the answer's credit (the plain mask by default).
+                mask = answer_weights(mb.action_mask, self.algo.turn_discount).to(self.device)
+                if float(mb.action_mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
                     continue
                 logp = self._logprobs(self.model, mb)
                 pg, clipped, ratio = clipped_policy_loss(
@@ -185,7 +189,8 @@ class Learner:
                     kl = kl_to_reference(logp, mb.ref_logprobs.to(self.device), mask)
                     loss = loss + self.algo.kl_coef * kl
                 loss.backward()
-                sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item()], dtype=torch.float64)
+                sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item(),
+                                      mb.action_mask.sum().item()], dtype=torch.float64)
             for _ in range(idle):
                 self._idle_pass(backward=True)
             grad_norm = self._apply_gradients(sums)
@@ -196,7 +201,7 @@ class Learner:
                 "losses/clip_frac": sums[2].item() / tokens,
                 "losses/ratio_mean": sums[3].item() / tokens,
                 "losses/grad_norm": grad_norm,
-                "perf/train_tokens": tokens,
+                "perf/train_tokens": sums[5].item(),
             }
         return metrics
 

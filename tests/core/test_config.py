@@ -48,6 +48,7 @@ def test_defaults_round_trip() -> None:
         ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
         ({"sft": {"position_source": "solver"}}, "sft.position_source", "games, mixed"),
         ({"sft": {"lr_schedule": "linear"}}, "sft.lr_schedule", "constant, cosine"),
+        ({"algo": {"turn_discount": 1.5}}, "algo.turn_discount", "0.0"),
     ],
 )
 def test_bad_values_name_field_and_allowed(data: dict, field: str, allowed_part: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import teacher_policy
 from earl_core.config import AlgoConfig
@@ -75,3 +75,26 @@ def test_padding_does_not_change_logprobs(protocol_model: Path, teacher_records:
         alone = learner.prepare([rec], [0.0])
         n = len(rec["token_ids"]) - 1
         torch.testing.assert_close(batched.old_logprobs[i, :n], alone.old_logprobs[0, :n], rtol=1e-4, atol=1e-5)
+
+
+def _last_answer_only(record: dict) -> dict:
+    spans = answer_spans(record["action_mask"])
+    start, end = spans[-1]
+    return {**record, "action_mask": [1 if start <= i < end else 0 for i in range(len(record["action_mask"]))]}
+
+
+def test_turn_discount_zero_trains_only_each_games_last_answer(protocol_model: Path, teacher_records: list[dict]) -> None:
+    """turn_discount=0 gives the last answer of a game all the credit: the same step as a plain learner trained on
+    records whose earlier answers are masked out."""
+    adv = [1.0, -1.0] * 4
+    discounted = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3, turn_discount=0.0), seed=0)
+    plain = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3), seed=0)
+    assert all(len(answer_spans(r["action_mask"])) > 2 for r in teacher_records)
+    m = discounted.rl_step(discounted.prepare(teacher_records, adv))
+    plain.rl_step(plain.prepare([_last_answer_only(r) for r in teacher_records], adv))
+    for k, v in plain.state_dict().items():
+        assert torch.allclose(v, discounted.state_dict()[k], atol=1e-6), k
+    assert m["perf/train_tokens"] == sum(sum(r["action_mask"]) for r in teacher_records)  # every token was seen
+    untouched = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3), seed=0)
+    untouched.rl_step(untouched.prepare(teacher_records, adv))
+    assert any(not torch.allclose(v, discounted.state_dict()[k], atol=1e-6) for k, v in untouched.state_dict().items())

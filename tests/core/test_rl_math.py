@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from earl_core.rl.advantages import RunningBaseline, grpo_advantages
+from earl_core.rl.advantages import RunningBaseline, answer_weights, grpo_advantages
 from earl_core.rl.batch import micro_batches, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
@@ -73,3 +73,15 @@ def test_pack_and_micro_batches() -> None:
     mbs = list(micro_batches(b, 1))
     assert [m.input_ids.shape[1] for m in mbs] == [2, 4]  # short first, padding trimmed
     assert mbs[0].advantages.tolist() == [-1.0]
+
+
+def test_answer_weights_discount_each_answer_by_its_distance_from_the_end() -> None:
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0, 1, 1, 0],
+                         [1, 0, 0, 0, 1, 1, 0, 0, 0, 0],
+                         [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    w = answer_weights(mask, 0.5)
+    assert w.tolist() == [[0, 0.25, 0.25, 0, 0, 0.5, 0, 1, 1, 0],
+                          [0.5, 0, 0, 0, 1, 1, 0, 0, 0, 0],
+                          [0] * 10]
+    assert torch.equal(answer_weights(mask, 1.0), mask)  # no discount: the mask itself, bit for bit
+    assert answer_weights(mask, 0.0).tolist()[0] == [0, 0, 0, 0, 0, 0, 0, 1, 1, 0]  # only the last answer counts
