@@ -175,10 +175,10 @@ class Learner:
             chunks = list(micro_batches(batch, self.train_micro_batch))
             idle = self._lockstep(len(chunks)) - len(chunks)
             for mb in chunks:
-                # Every per-token term and the token count carry the answer's credit (the plain mask by default).
-                mask = answer_weights(mb.action_mask, self.algo.turn_discount).to(self.device)
                 if float(mb.action_mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
                     continue
+                # Every per-token term and the token count carry the answer's credit (the plain mask by default).
+                mask = answer_weights(mb.action_mask, self.algo.turn_discount).to(self.device)
                 logp = self._logprobs(self.model, mb)
                 pg, clipped, ratio = clipped_policy_loss(
                     logp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device), mask, clip_eps=self.algo.clip_eps

@@ -134,7 +134,7 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
     cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells"},
                   rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1},
                   sft={"enabled": True, "games": 8, "positions": 20, "position_source": "mixed",
-                       "positions_per_conversation": 4, "epochs": 1, "batch": 8,
+                       "positions_per_conversation": 4, "epochs": 2, "batch": 8,
                        "lr_schedule": "cosine"})
     got: list[dict] = []
     summary = train(cfg, got.append)
@@ -145,8 +145,10 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
     assert any(m.startswith("warm start epoch 1: step 1/2, loss ") for m in logs), logs  # progress within the epoch
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
     assert sft[0]["sft/steps"] == 1 + 1  # games and positions in separate batches: 8 / 8 + ceil(20 / 4 / 8)
-    # Cosine over the epoch's 2 steps: the last one runs at lr * (1 + cos(pi / 2)) / 2, half the base rate.
-    assert [s["sft/lr"] for s in sft] == pytest.approx([1e-3 * (1 + math.cos(math.pi / 2)) / 2])
+    # Cosine over the 4 steps of both epochs (the schedule runs across epochs): the last step of epoch k runs at
+    # lr * (1 + cos(pi * (2k - 1) / 4)) / 2.
+    assert [s["sft/lr"] for s in sft] == pytest.approx([1e-3 * (1 + math.cos(math.pi / 4)) / 2,
+                                                        1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2])
     # The fresh tokenizer learned the cell words; the checkpoints record the format for eval and play.
     tokenizer = AutoTokenizer.from_pretrained(Path(summary.run_dir) / "base_model")
     assert len(tokenizer.encode(" dax", add_special_tokens=False)) == 1
