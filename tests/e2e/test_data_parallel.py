@@ -23,7 +23,15 @@ from earl_core.rl.learner import Learner
 pytestmark = pytest.mark.slow
 
 
-def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def ray_session():  # noqa: ANN201 - yields the cluster description
+    """One local Ray for the module: each start and stop costs seconds on this machine."""
+    with ray_cluster(num_cpus=3) as where:
+        yield where
+
+
+def test_two_ranks_match_one_learner(
+        ray_session: str, protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
     enc = ChatEncoder(protocol_tokenizer)
     specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 100 + i) for i in range(6)]
     records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
@@ -35,17 +43,16 @@ def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -
     single.rl_step(single.prepare(records, advantages))
     expected = single.state_dict()
 
-    with ray_cluster(num_cpus=3):
-        group = TrainerGroup(str(protocol_model), workers=2, algo=algo.__dict__, reference_dir=None, seed=0)
-        try:
-            held = ray.util.placement_group_table(group.gang.group)
-            group.rl_step(records, advantages)
-            got = ray.get(group.weights()[0])
-            with pytest.raises(PlacementError, match=r"trainer workers: 1 x \{'CPU': 64.0\} could not be reserved"):
-                Gang("trainer workers", 1, cpus=64, timeout_s=2)
-        finally:
-            group.close()
-        released = ray.util.placement_group_table(group.gang.group)
+    group = TrainerGroup(str(protocol_model), workers=2, algo=algo.__dict__, reference_dir=None, seed=0)
+    try:
+        held = ray.util.placement_group_table(group.gang.group)
+        group.rl_step(records, advantages)
+        got = ray.get(group.weights()[0])
+        with pytest.raises(PlacementError, match=r"trainer workers: 1 x \{'CPU': 64.0\} could not be reserved"):
+            Gang("trainer workers", 1, cpus=64, timeout_s=2)
+    finally:
+        group.close()
+    released = ray.util.placement_group_table(group.gang.group)
     assert held["state"] == "CREATED" and len(held["bundles"]) == 2
     assert released["state"] == "REMOVED"
     # AdamW's first step moves each weight by about lr * sign(gradient), so float noise in a gradient that
@@ -61,7 +68,7 @@ def test_two_ranks_match_one_learner(protocol_model: Path, protocol_tokenizer) -
 
 
 def test_tensor_parallel_ranks_match_one_learner_and_checkpoint_in_the_tp1_format(
-        protocol_model: Path, protocol_tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+        ray_session: str, protocol_model: Path, protocol_tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
     enc = ChatEncoder(protocol_tokenizer)
     specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 200 + i) for i in range(4)]
     records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
@@ -73,16 +80,15 @@ def test_tensor_parallel_ranks_match_one_learner_and_checkpoint_in_the_tp1_forma
     want_metrics = single.rl_step(single.prepare(records, advantages))
     expected = single.state_dict()
 
-    with ray_cluster(num_cpus=3):
-        group = TrainerGroup(str(protocol_model), workers=2, tp=2, algo=algo.__dict__,
-                             reference_dir=str(protocol_model), seed=0)
-        try:
-            stored = group.local_parameters()
-            metrics = group.rl_step(records, advantages)
-            got = ray.get(group.weights()[0])
-            ckpt = group.save(str(tmp_path / "ckpt"), {"iteration": 1})
-        finally:
-            group.close()
+    group = TrainerGroup(str(protocol_model), workers=2, tp=2, algo=algo.__dict__,
+                         reference_dir=str(protocol_model), seed=0)
+    try:
+        stored = group.local_parameters()
+        metrics = group.rl_step(records, advantages)
+        got = ray.get(group.weights()[0])
+        ckpt = group.save(str(tmp_path / "ckpt"), {"iteration": 1})
+    finally:
+        group.close()
     full = sum(v.numel() for v in expected.values())
     assert len(stored) == 2 and all(n < full for n in stored)  # each rank holds part of the model
     # TP ranks see the same data as one learner; only the order of float sums differs.
@@ -112,7 +118,7 @@ def process_groups(group: TrainerGroup) -> list[int]:
 
 
 def test_layout_switch_between_dp_and_tp_moves_weights_and_optimizer_in_memory(
-        protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
+        ray_session: str, protocol_model: Path, protocol_tokenizer) -> None:  # noqa: ANN001
     enc = ChatEncoder(protocol_tokenizer)
     specs = [GameSpec(i, i // 2, 1 + i % 2, RandomOpponent(), 300 + i) for i in range(4)]
     records = [e.record() for e in play_episodes(specs, teacher_policy(HeuristicOpponent(), enc), enc,
@@ -125,26 +131,25 @@ def test_layout_switch_between_dp_and_tp_moves_weights_and_optimizer_in_memory(
         single.rl_step(single.prepare(records, advantages))
     expected = single.state_dict()
 
-    with ray_cluster(num_cpus=3):
-        group = TrainerGroup(str(protocol_model), workers=2, tp=1, algo=algo.__dict__,
-                             reference_dir=str(protocol_model), seed=0)
-        try:
-            group.rl_step(records, advantages)                    # step 1 on DP=2
-            before = ray.get(group.weights()[0])
-            to_tp = group.relayout(2)                             # DP=2 -> TP=2
-            after = ray.get(group.weights()[0])
-            split = group.local_parameters()
-            group.rl_step(records, advantages)                    # step 2 on TP=2, with the moved Adam moments
-            back = group.relayout(1)                              # TP=2 -> DP=2
-            got = ray.get(group.weights()[0])
-            whole = group.local_parameters()
-            held = process_groups(group)
-            group.relayout(2)
-            group.relayout(1)                                     # another round trip
-            held_again = process_groups(group)
-            group.rl_step(records, advantages)                    # the groups in use survived the cleanup
-        finally:
-            group.close()
+    group = TrainerGroup(str(protocol_model), workers=2, tp=1, algo=algo.__dict__,
+                         reference_dir=str(protocol_model), seed=0)
+    try:
+        group.rl_step(records, advantages)                    # step 1 on DP=2
+        before = ray.get(group.weights()[0])
+        to_tp = group.relayout(2)                             # DP=2 -> TP=2
+        after = ray.get(group.weights()[0])
+        split = group.local_parameters()
+        group.rl_step(records, advantages)                    # step 2 on TP=2, with the moved Adam moments
+        back = group.relayout(1)                              # TP=2 -> DP=2
+        got = ray.get(group.weights()[0])
+        whole = group.local_parameters()
+        held = process_groups(group)
+        group.relayout(2)
+        group.relayout(1)                                     # another round trip
+        held_again = process_groups(group)
+        group.rl_step(records, advantages)                    # the groups in use survived the cleanup
+    finally:
+        group.close()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the switch moved the weights bit for bit
     assert whole[0] == whole[1] > max(split)  # split in two while TP=2, whole again on DP=2
     assert to_tp > 0 and back > 0

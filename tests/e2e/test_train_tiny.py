@@ -264,7 +264,9 @@ def test_killed_rollout_and_trainer_workers_are_rebuilt_and_the_iteration_retrie
         ray_session: str, tmp_path: Path) -> None:
     """A rollout worker killed as iteration 1 ends, then a trainer worker as its retry ends: each time both groups
     are rebuilt from the last checkpoint (iteration 1) and training goes on; every iteration ends up trained."""
-    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=2)
+    # One engine: each of the three builds then starts one vLLM instead of two (seconds each here).
+    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=2,
+                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1})
     got: list[dict] = []
     kills = iter(["RolloutWorker", "TrainerWorker"])
     killed: list[int] = []
@@ -297,7 +299,8 @@ def test_killed_rollout_and_trainer_workers_are_rebuilt_and_the_iteration_retrie
 def test_a_worker_death_beyond_the_limit_fails_the_run_with_the_reason(ray_session: str, tmp_path: Path) -> None:
     from earl_core.errors import WorkerLostError
 
-    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=0)
+    cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=0,
+                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1})
     got: list[dict] = []
     killed: list[int] = []
 
