@@ -215,9 +215,10 @@ class SFTConfig:
     batch: int = 32
     """Conversations per optimiser step."""
     mistake_rate: float = 0.0
-    """Share of teacher turns (with a full column on the board) that first name a full column, get the
-    feedback and then answer well: teaches recovering from an invalid answer. The wrong answers stay in the
-    context but are never learning targets."""
+    """Share of teacher turns and positions (with a full column on the board) that first name a full column
+    (the one the previous answer named where it is full now, else the most central), get the feedback and then
+    answer well: teaches recovering from an invalid answer. The wrong answers stay in the context but are never
+    learning targets."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):

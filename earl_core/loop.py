@@ -368,7 +368,8 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                  else mixed_play_turns(teacher, mixed_games, seed=cfg.seed))
         positions = one_turn_positions(turns, encoder, cfg.sft.positions, seed=cfg.seed,
                                        board_format=cfg.game.board_format,
-                                       per_conversation=cfg.sft.positions_per_conversation)
+                                       per_conversation=cfg.sft.positions_per_conversation,
+                                       mistake_rate=cfg.sft.mistake_rate)
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
                                    f" {len(positions)} conversations" if positions else "")

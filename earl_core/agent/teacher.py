@@ -34,11 +34,21 @@ def answer_ids(encoder: ChatEncoder, column: int) -> list[int]:
     return encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
 
 
+def mistake_column(board: Board, previous: int | None) -> int | None:
+    """The full column an imitator names by mistake on `board`: the one its previous answer named, where that
+    column is full now (a trained agent repeats its last answer into a column that just filled, and again on the
+    retry), else the most central full column; None where no column is full."""
+    full = [c for c in range(7) if c not in board.legal_columns()]
+    if not full:
+        return None
+    return previous if previous in full else min(full, key=lambda c: abs(3 - c))
+
+
 def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mistake_rate: float = 0.0) -> Policy:
     """A policy that answers every turn with the teacher's move in the canonical format.
 
-    With `mistake_rate`, a turn where some column is full first names the most central full column (the
-    mistake a centre-loving imitator makes), marked not trainable; the retry then gets the teacher's move.
+    With `mistake_rate`, a turn where some column is full first names a full column (`mistake_column`), marked
+    not trainable; the retry then gets the teacher's move.
     """
     rng = random.Random(seed)
 
@@ -49,9 +59,10 @@ def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mi
     def act(episodes: list[Episode]) -> list[Generation]:
         out = []
         for ep in episodes:
-            full = [c for c in range(7) if c not in ep.board.legal_columns()]
-            if full and ep.retries_left > 0 and rng.random() < mistake_rate:
-                out.append(answer(min(full, key=lambda c: abs(3 - c)), trainable=False))
+            previous = next((m.column for m in reversed(ep.moves) if m.player == "agent"), None)
+            wrong = mistake_column(ep.board, previous)
+            if wrong is not None and ep.retries_left > 0 and rng.random() < mistake_rate:
+                out.append(answer(wrong, trainable=False))
             else:
                 out.append(answer(teacher.choose(ep.board, rng), trainable=True))
         return out
@@ -125,7 +136,7 @@ def is_tactical(board: Board) -> bool:
 
 def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, *, seed: int = 0,
                        board_format: str = "rows", tactical_share: float = 0.7,
-                       per_conversation: int = 1) -> list[dict[str, Any]]:
+                       per_conversation: int = 1, mistake_rate: float = 0.0) -> list[dict[str, Any]]:
     """`count` positions drawn from `turns`, each a user turn (the opponent's move, the board, the legal columns)
     answered with the teacher's column, packed `per_conversation` to a conversation of one side (one system
     prompt), in the trainer's record form (token_ids, action_mask: 1 on the answers).
@@ -134,13 +145,18 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
     after a ~150-token system prompt, so the same minutes give many more positions, and `tactical_share` of them
     are positions where a column wins for either side -- the rare turns the tactics are learned from. Packing
     pays the system prompt once per conversation, and the unrelated boards in a row teach what a game needs
-    too: answer the latest board of a growing conversation."""
+    too: answer the latest board of a growing conversation.
+
+    With `mistake_rate`, that share of the positions with a full column first get a wrong answer naming one
+    (`mistake_column`, the previous position's answer where that column is full), then the runner's feedback,
+    then the teacher's answer: the retry is the target, the wrong answer only context."""
     pools: dict[int, tuple[list[Turn], list[Turn]]] = {}
     for turn in turns:
         tactical, quiet = pools.setdefault(turn.side, ([], []))
         (tactical if is_tactical(turn.board) else quiet).append(turn)
     sides = sorted(pools)
     rng = random.Random(seed)
+    mistakes = random.Random(seed + 1)  # draws of their own: without mistakes the positions stay as they were
     out: list[dict[str, Any]] = []
     left = count if sides else 0
     while left > 0:
@@ -150,13 +166,27 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
                  for _ in range(min(per_conversation, left))]
         ids = encoder.message("system", protocol.system_prompt(side, board_format))
         mask = [0] * len(ids)
+        previous: int | None = None
         for k, turn in enumerate(chunk):
             prompt = (encoder.message("user", protocol.turn_prompt(turn.board, turn.last, board_format))
                       + encoder.generation_prompt())
+            wrong = mistake_column(turn.board, previous) if mistake_rate else None
+            if wrong is not None and mistakes.random() < mistake_rate:
+                prompt += _wrong_answer_and_feedback(encoder, turn.board, wrong, board_format)
             answer = answer_ids(encoder, turn.column)
             after = encoder.close_answer(answer) if k < len(chunk) - 1 else []  # as the runner closes a turn
             ids += prompt + answer + after
             mask += [0] * len(prompt) + [1] * len(answer) + [0] * len(after)
+            previous = turn.column
         left -= per_conversation
         out.append({"token_ids": ids, "action_mask": mask})
     return out
+
+
+def _wrong_answer_and_feedback(encoder: ChatEncoder, board: Board, column: int, board_format: str) -> list[int]:
+    """A wrong answer naming full `column`, closed, then the feedback turn a game gives it (as the runner writes
+    them), up to the retry's generation prompt."""
+    wrong = answer_ids(encoder, column)
+    problem = protocol.parse_answer(protocol.answer_text(column), board).problem or ""
+    feedback = encoder.message("user", protocol.retry_prompt(board, problem, board_format))
+    return wrong + encoder.close_answer(wrong) + feedback + encoder.generation_prompt()

@@ -8,8 +8,9 @@ from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import teacher_policy
+from earl_core.agent.teacher import mistake_column, teacher_policy
 from earl_core.engines.base import Generation
+from earl_core.env.connect_four import Board
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
 
 
@@ -103,7 +104,7 @@ def test_teacher_mistakes_are_context_not_targets_and_the_retry_recovers(encoder
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=HeuristicOpponent(), seed=i) for i in range(6)]
     eps = play_episodes(specs, teacher_policy(HeuristicOpponent(), encoder, mistake_rate=1.0), encoder,
                         limits=RunnerLimits())
-    mistakes = 0
+    mistakes = repeats = 0
     for ep in eps:
         assert ep.end_reason != "" and not ep.end_reason.startswith("invalid")  # every mistake was recovered
         rec = ep.record()
@@ -112,12 +113,24 @@ def test_teacher_mistakes_are_context_not_targets_and_the_retry_recovers(encoder
             if before["column"] is None:
                 mistakes += 1
                 assert after["column"] is not None  # the retry is the teacher's real move
+        # Each mistake names the column of the agent's previous answer where that one is full now.
+        board, previous = Board(), None
+        for m in rec["moves"]:
+            if m["column"] is None:
+                assert m["text"] == protocol.answer_text(mistake_column(board, previous))
+                repeats += previous is not None and mistake_column(board, None) != previous == mistake_column(
+                    board, previous)
+                continue
+            board = board.drop(m["column"])
+            if m["player"] == "agent":
+                previous = m["column"]
         # tokens of wrong answers are masked out; each valid answer's tokens are targets
         targets = sum(rec["action_mask"])
         valid = sum(1 for m in answers if m["column"] is not None)
         per_answer = len(encoder.tokenizer.encode(protocol.answer_text(3), add_special_tokens=False)) + 1
         assert targets == valid * per_answer
     assert mistakes > 0  # heuristic games fill the centre column, so mistakes did happen
+    assert repeats > 0  # and some repeat a previous answer that is not the most central full column
 
 
 def test_the_board_format_reaches_every_prompt(encoder: ChatEncoder) -> None:

@@ -10,7 +10,8 @@ import pytest
 from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
-from earl_core.agent.teacher import Turn, answer_ids, game_turns, is_tactical, mixed_play_turns, one_turn_positions, teacher_policy
+from earl_core.agent.teacher import (Turn, answer_ids, game_turns, is_tactical, mistake_column, mixed_play_turns,
+                                     one_turn_positions, teacher_policy)
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent, opponent_wins_at
 
@@ -100,6 +101,52 @@ def test_positions_are_reproducible_and_optional(encoder: ChatEncoder, records: 
     assert a == one_turn_positions(game_turns(records), encoder, 20, seed=1, board_format="cells")
     assert a != one_turn_positions(game_turns(records), encoder, 20, seed=2, board_format="cells")
     assert one_turn_positions(game_turns(records), encoder, 0) == []
+
+
+def test_the_mistaken_column_is_the_previous_answer_where_it_filled_else_the_most_central_full_one() -> None:
+    board = Board.from_moves("444444")  # the centre column (index 3) is full
+    assert mistake_column(Board(), 3) is None and mistake_column(Board.from_moves("4444"), 3) is None
+    assert mistake_column(board, None) == 3 and mistake_column(board, 5) == 3  # column 5 is not full
+    both = Board.from_moves("444444111111")  # columns 0 and 3 are full
+    assert mistake_column(both, 0) == 0 and mistake_column(both, 3) == 3 and mistake_column(both, 6) == 3
+    assert mistake_column(Board.from_moves("111111777777"), None) == 0  # 0 and 6 tie on distance; the lower
+
+
+def test_positions_with_mistakes_train_the_retry_and_leave_the_rest_as_it_was(encoder: ChatEncoder) -> None:
+    turns = mixed_play_turns(HeuristicOpponent(), 40, seed=2)
+    plain = one_turn_positions(turns, encoder, 200, seed=3, board_format="cells_landing", per_conversation=8)
+    assert plain == one_turn_positions(turns, encoder, 200, seed=3, board_format="cells_landing",
+                                       per_conversation=8, mistake_rate=0.0)
+    mixed = one_turn_positions(turns, encoder, 200, seed=3, board_format="cells_landing", per_conversation=8,
+                               mistake_rate=1.0)
+    assert len(mixed) == len(plain)
+    retried = 0
+    for before, after in zip(plain, mixed):
+        # The targets are the same answers, in the same order: only context was added.
+        targets = lambda c: [t for t, m in zip(c["token_ids"], c["action_mask"]) if m]  # noqa: E731
+        assert targets(before) == targets(after)
+        messages = _messages(encoder, after["token_ids"])
+        previous = None
+        for i, (role, text) in enumerate(messages):
+            if role != "user" or text.startswith("Invalid move"):
+                continue
+            board = _board_of(turns, text)
+            wrong = mistake_column(board, previous)
+            if wrong is None:  # no full column: answered at once
+                assert messages[i + 1][0] == "assistant"
+                assert i + 2 >= len(messages) or not messages[i + 2][1].startswith("Invalid move")
+            else:  # every position with a full column (rate 1): the wrong answer, the feedback, the retry
+                assert messages[i + 1] == ("assistant", protocol.answer_text(wrong))
+                assert messages[i + 2] == ("user", protocol.retry_prompt(board, f"column {wrong} is full.",
+                                                                         "cells_landing"))
+                retried += 1
+            previous = protocol.parse_answer(messages[i + 3 if wrong is not None else i + 1][1], Board()).column
+    assert retried > 50  # mixed play fills the centre column in about half of its turns
+
+
+def _board_of(turns: list[Turn], user_text: str) -> Board:
+    """The board of the position whose turn prompt is `user_text`."""
+    return next(t.board for t in turns if protocol.turn_prompt(t.board, t.last, "cells_landing") == user_text)
 
 
 def test_game_turns_are_the_agent_moves_of_each_game(records: list[dict]) -> None:
