@@ -38,7 +38,8 @@ def mistake_column(board: Board, previous: int | None) -> int | None:
     """The full column an imitator names by mistake on `board`: the one its previous answer named, where that
     column is full now (a trained agent repeats its last answer into a column that just filled, and again on the
     retry), else the most central full column; None where no column is full."""
-    full = [c for c in range(7) if c not in board.legal_columns()]
+    legal = board.legal_columns()
+    full = [c for c in range(7) if c not in legal]
     if not full:
         return None
     return previous if previous in full else min(full, key=lambda c: abs(3 - c))
