@@ -22,6 +22,7 @@ from earl_core.loop import train
 from earl_core.ray_exec.cluster import ray_cluster
 
 pytestmark = pytest.mark.slow
+_ONE_ROLLOUT_WORKER = {"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
 def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_format(ray_session: str,
                                                                                    tmp_path: Path) -> None:
     cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells"},
-                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1},
+                  rollout=_ONE_ROLLOUT_WORKER,
                   sft={"enabled": True, "games": 8, "positions": 20, "position_source": "mixed",
                        "positions_per_conversation": 4, "epochs": 2, "batch": 8,
                        "lr_schedule": "cosine"})
@@ -266,7 +267,7 @@ def test_killed_rollout_and_trainer_workers_are_rebuilt_and_the_iteration_retrie
     are rebuilt from the last checkpoint (iteration 1) and training goes on; every iteration ends up trained."""
     # One engine: each of the three builds then starts one vLLM instead of two (seconds each here).
     cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=2,
-                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1})
+                  rollout=_ONE_ROLLOUT_WORKER)
     got: list[dict] = []
     kills = iter(["RolloutWorker", "TrainerWorker"])
     killed: list[int] = []
@@ -300,7 +301,7 @@ def test_a_worker_death_beyond_the_limit_fails_the_run_with_the_reason(ray_sessi
     from earl_core.errors import WorkerLostError
 
     cfg = _config(tmp_path, iterations=3, trainer_workers=1, sft={"enabled": False}, max_worker_restarts=0,
-                  rollout={"groups": 2, "group_size": 2, "max_new_tokens": 6, "workers": 1})
+                  rollout=_ONE_ROLLOUT_WORKER)
     got: list[dict] = []
     killed: list[int] = []
 
