@@ -117,9 +117,9 @@ def test_teacher_mistakes_are_context_not_targets_and_the_retry_recovers(encoder
         board, previous = Board(), None
         for m in rec["moves"]:
             if m["column"] is None:
-                assert m["text"] == protocol.answer_text(mistake_column(board, previous))
-                repeats += previous is not None and mistake_column(board, None) != previous == mistake_column(
-                    board, previous)
+                wrong = mistake_column(board, previous)
+                assert m["text"] == protocol.answer_text(wrong)
+                repeats += wrong == previous != mistake_column(board, None)  # not the most central full column
                 continue
             board = board.drop(m["column"])
             if m["player"] == "agent":
