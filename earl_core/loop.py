@@ -158,6 +158,13 @@ def train(
         raise
 
 
+def _reference_dir(cfg: RunConfig, base: str, *, resumed: bool) -> str:
+    """Where the KL reference is loaded from: the fresh model, or on a resume of a warm-started run its checkpoint
+    0 (a fresh run copies the policy into the reference after its warm start: `_warm_start`)."""
+    zero = dict(complete_checkpoints(cfg.run_dir)).get(0) if resumed else None
+    return str(zero) if zero is not None else base
+
+
 def _gpus_per_worker(cfg: RunConfig) -> float:
     """A whole GPU per worker where there are enough, else an equal share (vLLM then takes a share of memory)."""
     total = ray.cluster_resources().get("GPU", 0)
@@ -196,7 +203,8 @@ def _run(cfg: RunConfig, stream: ev.EventStream, *, resume: bool, should_stop: C
             raise ConfigError("parallelism.rollout_tp", f"{cfg.parallelism.rollout_tp} does not split the model's "
                               f"{shape.heads} attention heads / {shape.kv_heads} KV heads over rollout.workers="
                               f"{cfg.rollout.workers}", allowed=rollout_tps)
-        trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo), reference_dir=base,
+        trainer = TrainerGroup(init_dir, workers=cfg.trainer_workers, algo=asdict(cfg.algo),
+                               reference_dir=_reference_dir(cfg, base, resumed=checkpoint is not None),
                                seed=cfg.seed, temperature=cfg.rollout.temperature or 1.0,
                                num_cpus=cfg.trainer_cpus, num_gpus=gpus, tp=cfg.parallelism.train_tp,
                                # Auto mode starts unsharded; the selector shards when it chooses to.
@@ -395,6 +403,9 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
                                       "sft/steps": float(len(losses)), "sft/lr": lr})
     trainer.reset_optimizer()
+    # RL's KL penalty holds the policy near where RL starts (the warm-started one, as InstructGPT's SFT model),
+    # not near the random weights the warm start began with: those pull it back to noise.
+    trainer.reset_reference()
     return True
 
 

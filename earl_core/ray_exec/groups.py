@@ -291,6 +291,9 @@ class TrainerGroup:
     def reset_optimizer(self) -> None:
         ray.get([a.reset_optimizer.remote() for a in self.actors])
 
+    def reset_reference(self) -> None:
+        ray.get([a.reset_reference.remote() for a in self.actors])
+
     def weights(self) -> list[ray.ObjectRef]:
         return ray.get([a.weights.remote(publish=i == 0) for i, a in enumerate(self._lead)])[0]
 

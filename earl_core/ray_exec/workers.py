@@ -316,6 +316,10 @@ class TrainerWorker:
         assert self.learner is not None
         self.learner.reset_optimizer()
 
+    def reset_reference(self) -> None:
+        assert self.learner is not None
+        self.learner.reset_reference()
+
     def weights(self, publish: bool = True) -> list[ray.ObjectRef]:
         """The full weights as an object in this worker's store, returned by reference (wrapped so Ray does not
         fetch it). Under TP every rank of the group takes part in the gather; only one publishes."""

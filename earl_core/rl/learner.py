@@ -361,6 +361,12 @@ class Learner:
                 fully_shard(layer, mesh=self.dp_mesh)
             fully_shard(model, mesh=self.dp_mesh)
 
+    def reset_reference(self) -> None:
+        """Make the KL reference a frozen copy of the policy as it is now: after a warm start, the policy RL starts
+        from (not the random weights the warm start began with). Every rank calls it (the copy gathers TP shards)."""
+        if self.reference is not None:
+            self.reference = self._rebuild(full_state_dict(self.model)).eval().requires_grad_(False)
+
     def reset_lr(self) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = self.algo.lr

@@ -67,6 +67,22 @@ def test_kl_reference_and_checkpoint_round_trip(protocol_model: Path, teacher_re
         assert torch.equal(v, again.state_dict()[k]), k
 
 
+def test_after_a_warm_start_the_reference_is_the_warm_started_policy(protocol_model: Path,
+                                                                     teacher_records: list[dict]) -> None:
+    """KL is measured against the policy RL starts from: after SFT steps, reset_reference copies the policy, so
+    the reference's log-probs are the policy's again (before it they are the fresh model's)."""
+    learner = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, kl_coef=0.1, micro_batch=4), seed=0)
+    for _ in range(3):
+        learner.sft_step(teacher_records, lr=3e-3)
+    batch = learner.prepare(teacher_records, [0.0] * len(teacher_records))
+    assert not torch.equal(batch.ref_logprobs, batch.old_logprobs)
+    learner.reset_reference()
+    batch = learner.prepare(teacher_records, [0.0] * len(teacher_records))
+    assert torch.equal(batch.ref_logprobs, batch.old_logprobs)
+    assert learner.rl_step(learner.prepare(teacher_records, [1.0, -1.0] * 4))["losses/kl"] == pytest.approx(0, abs=1e-6)
+    assert all(not p.requires_grad for p in learner.reference.parameters())
+
+
 def test_padding_does_not_change_logprobs(protocol_model: Path, teacher_records: list[dict]) -> None:
     """Right padding without a mask is exact under causal attention: batched == one sequence at a time."""
     learner = Learner(protocol_model, algo=AlgoConfig(micro_batch=8), seed=0)

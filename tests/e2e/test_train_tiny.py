@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from earl_core import events as ev
+from earl_core.checkpoints import STATE_FILE
 from earl_core.config import ParallelismConfig, RunConfig
 from earl_core.evaluate import checkpoint_limits
-from earl_core.loop import train
+from earl_core.loop import _reference_dir, train
 from earl_core.ray_exec.cluster import ray_cluster
 
 pytestmark = pytest.mark.slow
@@ -47,7 +48,8 @@ def _config(tmp_path: Path, **changes: object) -> RunConfig:
 
 
 def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) -> None:
-    cfg = _config(tmp_path)
+    # With a KL penalty: its reference is the warm-started policy, on both data-parallel ranks.
+    cfg = _config(tmp_path, algo={"lr": 1e-3, "micro_batch": 4, "kl_coef": 0.1})
     got: list[dict] = []
     summary = train(cfg, got.append, run_id=1)
     assert summary.status == "succeeded" and summary.iterations_done == 2
@@ -65,6 +67,8 @@ def test_tiny_run_trains_and_reports_in_order(ray_session: str, tmp_path: Path) 
         v = m["values"]
         assert v["perf/generated_tokens"] > 0 and v["context/max"] >= v["context/mean"] > 0
         assert v["perf/train_tokens"] > 0
+    # RL's first step starts from the reference (a KL to the fresh weights would be large after the warm start).
+    assert it_metrics[0]["values"]["losses/kl"] == pytest.approx(0.0, abs=1e-6)
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
     assert len(sft) == cfg.sft.epochs and sft[0]["sft/loss"] > 0
     memory = [e for e in got if e["type"] == "memory"]
@@ -113,6 +117,19 @@ def test_resume_continues_from_checkpoint(ray_session: str, tmp_path: Path) -> N
     assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     seqs = [json.loads(x)["seq"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert seqs == list(range(1, len(seqs) + 1)) and got[0]["seq"] > 1
+
+
+def test_a_resumed_run_takes_its_kl_reference_from_checkpoint_0(tmp_path: Path) -> None:
+    """A fresh run copies its warm-started policy into the KL reference (above); a resumed one loads that policy
+    from checkpoint 0, and a run without one (no warm start) keeps the fresh model."""
+    cfg = _config(tmp_path)
+    zero = cfg.run_dir / "checkpoints" / "iter_000000"
+    zero.mkdir(parents=True)
+    (zero / STATE_FILE).write_text("{}")
+    assert _reference_dir(cfg, "base", resumed=True) == str(zero)
+    assert _reference_dir(cfg, "base", resumed=False) == "base"
+    (zero / STATE_FILE).unlink()  # half-written: not a checkpoint
+    assert _reference_dir(cfg, "base", resumed=True) == "base"
 
 
 def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
