@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--puzzle-only", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--board", choices=BOARD_FORMATS, default="rows",
+    # Not cells_checks: its answers open with a check, and the probe reads the column at the answer's first tokens.
+    p.add_argument("--board", choices=[f for f in BOARD_FORMATS if f != "cells_checks"], default="rows",
                    help="the board text in the prompts (game.board_format): rows, cells (one word per cell) or "
                    "cells_landing (cells, each legal column with the cell it fills)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))

@@ -366,8 +366,9 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % len(opponents)]),
                       seed=cfg.seed * 7919 + i)
              for i in range(cfg.sft.games)]
-    episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate),
-                             encoder,
+    policy = teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate,
+                            board_format=cfg.game.board_format)
+    episodes = play_episodes(specs, policy, encoder,
                              limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format))
     records = [e.record() for e in episodes]
     positions: list[dict[str, Any]] = []

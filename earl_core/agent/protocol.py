@@ -14,7 +14,11 @@ Board formats (``game.board_format``; the system prompt explains the one in use)
   (bench/README.md, imitation_probe);
 - ``cells_landing``: ``cells``, and each legal column is followed by the word of the empty cell its stone would land
   in (``Legal columns: 0 aae, 3 dbe, ...``): the same token as that cell of the board, so the cell a move fills
-  is named rather than left to be worked out from the column's height.
+  is named rather than left to be worked out from the column's height;
+- ``cells_checks``: ``cells_landing``, and the answer goes through the legal columns before the move (``check_text``):
+  the landing cell of each, marked ``win`` where the agent's stone there connects four, ``block`` where the
+  opponent's would, ``gift`` where it lets the opponent win on top: ``aae cbe block dce [col 2]``.
+  A move is then read off its own line of the check; only the last ``[col N]`` counts, as always.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 from earl_core.config import BOARD_FORMATS
 from earl_core.env.connect_four import Board
+from earl_core.env.opponents import opponent_wins_at
 
 MARKS = {1: "X", 2: "O"}
 
@@ -38,9 +43,18 @@ _LEGEND = {
     "cells": ("(one word per cell, top row first: column letter a-g for columns 0-6, row letter a-f from the bottom, "
               "then {mine_lc} = yours, {theirs_lc} = your opponent's, e = empty)"),
 }
-_LEGEND["cells_landing"] = _LEGEND["cells"]
-_LEGAL_NOTE = {"cells_landing": " Each legal column is followed by the cell its stone would land in."}
+_LEGEND["cells_landing"] = _LEGEND["cells_checks"] = _LEGEND["cells"]
+_LANDING_NOTE = " Each legal column is followed by the cell its stone would land in."
+_LEGAL_NOTE = {
+    "cells_landing": _LANDING_NOTE,
+    "cells_checks": _LANDING_NOTE + (
+        " Before your move, go through the legal columns: write the landing cell of each, followed by win if your "
+        "stone there connects four, block if your opponent's would, gift if it lets your opponent win on top of it. "
+        "Then answer, for example: aae cbe block dce [col 2]"),
+}
 _CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
+_CELL_WORD_RE = re.compile(r"^[a-g][a-f]e$")  # an empty cell's word: what a check names
+CHECK_MARKS = ("win", "block", "gift")
 # At most 3 digits: a long run of digits is no column, and int() of thousands of digits would raise.
 _ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d{1,3})\s*\]", re.IGNORECASE)
 _BARE_DIGIT_RE = re.compile(r"^\s*(\d)\s*$")
@@ -72,11 +86,15 @@ def _cell_word(board: Board, row: int, column: int) -> str:
     return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, column)]
 
 
+def _landing_word(board: Board, column: int) -> str:
+    """The word of the empty cell a stone dropped in (legal) `column` lands in."""
+    return _cell_word(board, next(r for r in range(6) if board.cell(r, column) == 0), column)
+
+
 def _legal_text(board: Board, board_format: str) -> str:
     columns = board.legal_columns()
-    if board_format == "cells_landing":
-        landing = {c: next(r for r in range(6) if board.cell(r, c) == 0) for c in columns}
-        return "Legal columns: " + ", ".join(f"{c} {_cell_word(board, landing[c], c)}" for c in columns) + "."
+    if board_format in ("cells_landing", "cells_checks"):
+        return "Legal columns: " + ", ".join(f"{c} {_landing_word(board, c)}" for c in columns) + "."
     return "Legal columns: " + ", ".join(str(c) for c in columns) + "."
 
 
@@ -94,8 +112,49 @@ def retry_prompt(board: Board, problem: str, board_format: str = "rows") -> str:
             f"{_legal_text(board, board_format)}")
 
 
-def answer_text(column: int) -> str:
-    """The canonical answer for a column (what a teacher writes in the warm start)."""
+def check_mark(board: Board, column: int) -> str | None:
+    """What dropping into legal `column` does for the side to move: win (connects four), block (the opponent would
+    connect four there), gift (the opponent can then win on top of it), or None. The first that holds counts:
+    the heuristic's own order (earl_core.env.opponents.HeuristicOpponent)."""
+    if board.can_win_with(column):
+        return "win"
+    if opponent_wins_at(board, column):
+        return "block"
+    if board.drop(column).can_win_with(column):
+        return "gift"
+    return None
+
+
+def check_text(board: Board) -> str:
+    """The check a ``cells_checks`` answer opens with: the landing cell of every legal column, each with its mark."""
+    words = []
+    for column in board.legal_columns():
+        mark = check_mark(board, column)
+        # The landing cell alone names the column (its letter); a digit beside it would cost two more tokens.
+        words.append(_landing_word(board, column) + (f" {mark}" if mark else ""))
+    return " ".join(words)
+
+
+def read_check(text: str) -> dict[int, str | None]:
+    """The marks an answer's check gives the columns it names (column -> win / block / gift / None): each landing
+    cell word and the mark after it, up to the answer's last ``[col``. The inverse of ``check_text``, lenient: words
+    it does not know are skipped, so a model's garbled check still shows what it did write."""
+    words = text.rsplit("[col", 1)[0].split() if "[col" in text else text.split()
+    marks: dict[int, str | None] = {}
+    for k, word in enumerate(words):
+        if _CELL_WORD_RE.match(word):
+            after = words[k + 1] if k + 1 < len(words) else None
+            marks["abcdefg".index(word[0])] = after if after in CHECK_MARKS else None
+    return marks
+
+
+def answer_text(column: int, board: Board | None = None, board_format: str = "rows") -> str:
+    """The canonical answer for a column (what a teacher writes in the warm start); with ``cells_checks`` it
+    opens with the check of `board`."""
+    if board_format == "cells_checks":
+        if board is None:
+            raise ValueError("a cells_checks answer checks the board: pass it")
+        return f"{check_text(board)} [col {column}]"
     return f"[col {column}]"
 
 

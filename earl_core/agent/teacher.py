@@ -29,9 +29,11 @@ class Turn(NamedTuple):
     last: int | None  # the opponent's move that led here (None on an empty board)
 
 
-def answer_ids(encoder: ChatEncoder, column: int) -> list[int]:
-    """Token ids of the canonical answer naming `column`, closed with <|im_end|> (what a taught turn ends with)."""
-    return encoder.tokenizer.encode(protocol.answer_text(column), add_special_tokens=False) + [encoder.im_end]
+def answer_ids(encoder: ChatEncoder, column: int, board: Board | None = None, board_format: str = "rows") -> list[int]:
+    """Token ids of the canonical answer naming `column` on `board`, closed with <|im_end|> (what a taught turn ends
+    with)."""
+    text = protocol.answer_text(column, board, board_format)
+    return encoder.tokenizer.encode(text, add_special_tokens=False) + [encoder.im_end]
 
 
 def mistake_column(board: Board, previous: int | None) -> int | None:
@@ -45,7 +47,8 @@ def mistake_column(board: Board, previous: int | None) -> int | None:
     return previous if previous in full else min(full, key=lambda c: abs(3 - c))
 
 
-def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mistake_rate: float = 0.0) -> Policy:
+def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mistake_rate: float = 0.0,
+                   board_format: str = "rows") -> Policy:
     """A policy that answers every turn with the teacher's move in the canonical format.
 
     With `mistake_rate`, a turn where some column is full first names a full column (`mistake_column`), marked
@@ -53,8 +56,8 @@ def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mi
     """
     rng = random.Random(seed)
 
-    def answer(column: int, *, trainable: bool) -> Generation:
-        ids = answer_ids(encoder, column)
+    def answer(board: Board, column: int, *, trainable: bool) -> Generation:
+        ids = answer_ids(encoder, column, board, board_format)
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", trainable=trainable)
 
     def act(episodes: list[Episode]) -> list[Generation]:
@@ -63,9 +66,9 @@ def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mi
             previous = next((m.column for m in reversed(ep.moves) if m.player == "agent"), None)
             wrong = mistake_column(ep.board, previous)
             if wrong is not None and ep.retries_left > 0 and rng.random() < mistake_rate:
-                out.append(answer(wrong, trainable=False))
+                out.append(answer(ep.board, wrong, trainable=False))
             else:
-                out.append(answer(teacher.choose(ep.board, rng), trainable=True))
+                out.append(answer(ep.board, teacher.choose(ep.board, rng), trainable=True))
         return out
 
     return act
@@ -89,7 +92,7 @@ def protocol_corpus(games: int = 200, *, seed: int = 0, board_format: str = "row
                 if rng.random() < 0.05:
                     parts.append(f"I think column {column} is good.")
                     parts.append(protocol.retry_prompt(board, "no [col N] found in your answer.", board_format))
-                parts.append(protocol.answer_text(column))
+                parts.append(protocol.answer_text(column, board, board_format))
             last = column
             board = board.drop(column)
         texts.append("\n".join(parts))
@@ -174,7 +177,7 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
             wrong = mistake_column(turn.board, previous) if mistake_rate else None
             if wrong is not None and mistakes.random() < mistake_rate:
                 prompt += _wrong_answer_and_feedback(encoder, turn.board, wrong, board_format)
-            answer = answer_ids(encoder, turn.column)
+            answer = answer_ids(encoder, turn.column, turn.board, board_format)
             after = encoder.close_answer(answer) if k < len(chunk) - 1 else []  # as the runner closes a turn
             ids += prompt + answer + after
             mask += [0] * len(prompt) + [1] * len(answer) + [0] * len(after)
@@ -187,7 +190,7 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
 def _wrong_answer_and_feedback(encoder: ChatEncoder, board: Board, column: int, board_format: str) -> list[int]:
     """A wrong answer naming full `column`, closed, then the feedback turn a game gives it (as the runner writes
     them), up to the retry's generation prompt."""
-    wrong = answer_ids(encoder, column)
-    problem = protocol.parse_answer(protocol.answer_text(column), board).problem or ""
+    wrong = answer_ids(encoder, column, board, board_format)
+    problem = protocol.parse_answer(protocol.answer_text(column, board, board_format), board).problem or ""
     feedback = encoder.message("user", protocol.retry_prompt(board, problem, board_format))
     return wrong + encoder.close_answer(wrong) + feedback + encoder.generation_prompt()

@@ -45,6 +45,8 @@ def test_defaults_round_trip() -> None:
         ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
         ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
+        ({"game": {"board_format": "cells_checks"}, "rollout": {"max_new_tokens": 16}}, "rollout.max_new_tokens",
+         "32..4096 with cells_checks"),
         ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
         ({"sft": {"position_source": "solver"}}, "sft.position_source", "games, mixed"),
         ({"sft": {"lr_schedule": "linear"}}, "sft.lr_schedule", "constant, cosine"),

@@ -12,7 +12,7 @@ from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import RunnerLimits
 from earl_core.checkpoints import STATE_FILE
-from earl_core.config import RunConfig
+from earl_core.config import CHECKS_NEW_TOKENS, RunConfig
 from earl_core.engines.base import Generation
 from earl_core.errors import ConfigError
 from earl_core.evaluate import checkpoint_limits, evaluate_policy, run_limits
@@ -49,6 +49,10 @@ def test_the_board_format_can_be_overridden_and_is_checked(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as info:
         checkpoint_limits(str(tmp_path), board_format="grid")
     assert info.value.field == "game.board_format" and "cells" in str(info.value.allowed)
+    # A checked answer needs more new tokens than the default, whichever way the format was chosen.
+    assert checkpoint_limits(str(tmp_path), board_format="cells_checks").max_new_tokens == CHECKS_NEW_TOKENS
+    cfg = RunConfig.from_dict({"game": {"board_format": "cells_checks"}, "rollout": {"max_new_tokens": 40}})
+    assert checkpoint_limits(_checkpoint(tmp_path / "iter_000001", cfg.to_dict())).max_new_tokens == 40
 
 
 def test_losses_are_counted_by_cause(protocol_tokenizer) -> None:  # noqa: ANN001

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -97,8 +98,6 @@ def test_system_prompt_explains_the_board_format() -> None:
 
 
 def test_unknown_board_format_is_refused() -> None:
-    import pytest
-
     with pytest.raises(ValueError, match="allowed: rows, cells, cells_landing"):
         protocol.turn_prompt(Board(), None, "columns")
 
@@ -112,3 +111,41 @@ def test_a_cells_tokenizer_makes_every_cell_one_token() -> None:
     board = Board.from_moves("123456712")
     for line in protocol.board_text(board, "cells").split("\n"):
         assert len(tok.encode(line, add_special_tokens=False)) == 7, line
+
+
+@pytest.mark.parametrize(("moves", "marks"), [
+    ("445566", {2: "win", 6: "win"}),  # X: d1 e1 f1, to move: both ends win (and win outranks O's c2 above c1)
+    ("44556", {2: "block", 6: "block"}),  # the same row, O to move: both ends must be blocked
+    ("44551676", {2: "gift", 6: "block"}),  # O: d2 e2 f2; g1 is filled (block g2), c1 is not (c1 hands O c2)
+    ("3435451", {}),  # nothing decides the move
+])
+def test_check_marks_what_each_legal_column_does(moves: str, marks: dict[int, str]) -> None:
+    board = Board.from_moves(moves)
+    assert {c: protocol.check_mark(board, c) for c in board.legal_columns()} == {
+        c: marks.get(c) for c in board.legal_columns()}
+
+
+def test_cells_checks_answers_open_with_the_check_of_every_legal_column() -> None:
+    board = Board.from_moves("44551676")
+    check = "abe bae cae gift dce ece fce gbe block"
+    assert protocol.check_text(board) == check
+    assert protocol.answer_text(6, board, "cells_checks") == check + " [col 6]"
+    assert protocol.parse_answer(protocol.answer_text(6, board, "cells_checks"), board).column == 6
+    # The other formats answer with the column alone, board or no board.
+    assert protocol.answer_text(6, board, "cells_landing") == protocol.answer_text(6) == "[col 6]"
+    full = Board.from_moves("111111")
+    assert protocol.check_text(full).split()[0] == "bae"  # a full column is left out, as in the legal line
+    assert protocol.read_check(protocol.answer_text(6, board, "cells_checks")) == {
+        c: protocol.check_mark(board, c) for c in board.legal_columns()}
+    # A model's garbled check still shows what it wrote; the last [col N] and what follows are not part of it.
+    assert protocol.read_check("abe zzz cae block blah gbe [col 6] dce win") == {0: None, 2: "block", 6: None}
+    with pytest.raises(ValueError, match="checks the board"):
+        protocol.answer_text(3, None, "cells_checks")
+
+
+def test_cells_checks_asks_for_the_check_and_shows_the_landing_cells() -> None:
+    board = Board.from_moves("44551676")
+    prompt = protocol.system_prompt(1, "cells_checks")
+    assert prompt.startswith(protocol.system_prompt(1, "cells_landing"))
+    assert "followed by win if your stone there connects four, block if" in prompt
+    assert protocol.turn_prompt(board, 5, "cells_checks") == protocol.turn_prompt(board, 5, "cells_landing")

@@ -8,10 +8,10 @@ import random
 import pytest
 
 from earl_core.agent import protocol
-from earl_core.agent.chat import ChatEncoder
+from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import (Turn, answer_ids, game_turns, is_tactical, mistake_column, mixed_play_turns,
-                                     one_turn_positions, teacher_policy)
+                                     one_turn_positions, protocol_corpus, teacher_policy)
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent, opponent_wins_at
 
@@ -203,3 +203,61 @@ def test_mixed_play_holds_many_more_distinct_tactics_than_teacher_games(records:
     # Same number of games; the teacher beats random quickly (one open win per game), mixed play leaves tactics open.
     assert len(mixed) > 2 * len(from_games)  # 165 against 49 with these seeds
 
+
+
+def test_the_heuristic_move_is_read_off_its_check() -> None:
+    """What a cells_checks answer promises: the teacher's column carries the best mark of the check (a win where
+    there is one, else a block, else no gift where a column without one is left)."""
+    rng, teacher = random.Random(5), HeuristicOpponent()
+    kinds = set()
+    for _ in range(300):
+        board = Board()
+        while not board.is_terminal():
+            marks = {c: protocol.check_mark(board, c) for c in board.legal_columns()}
+            column = teacher.choose(board, rng)
+            best = next((m for m in ("win", "block") if m in marks.values()), None)
+            if best:
+                assert marks[column] == best, (board.to_text(), marks, column)
+            elif any(m is None for m in marks.values()):
+                assert marks[column] is None, (board.to_text(), marks, column)
+            kinds.add(marks[column])
+            board = board.drop(rng.choice(board.legal_columns()) if rng.random() < 0.5 else column)
+    assert kinds == {"win", "block", "gift", None}
+
+
+def test_a_checks_answer_fits_the_new_tokens_the_config_asks_for() -> None:
+    """rollout.max_new_tokens >= CHECKS_NEW_TOKENS with cells_checks: the longest teacher answer, <|im_end|>
+    included, fits a tokenizer built for that format with room to spare."""
+    from earl_core.config import CHECKS_NEW_TOKENS
+    from earl_core.models.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(protocol_corpus(400, seed=0, board_format="cells_checks"), vocab_size=512)
+    encoder = ChatEncoder(tok)
+    rng, longest = random.Random(2), 0
+    for _ in range(200):
+        board = Board()
+        while not board.is_terminal():
+            column = rng.choice(board.legal_columns())
+            ids = answer_ids(encoder, column, board, "cells_checks")
+            assert protocol.parse_answer(tok.decode(ids[:-1]), board).column == column
+            longest = max(longest, len(ids))
+            board = board.drop(column)
+    assert 10 < longest <= CHECKS_NEW_TOKENS - 8, longest
+
+
+def test_cells_checks_teacher_games_and_positions_carry_the_check(encoder: ChatEncoder) -> None:
+    specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=RandomOpponent(), seed=i) for i in range(6)]
+    eps = play_episodes(specs, teacher_policy(HeuristicOpponent(), encoder, seed=3, board_format="cells_checks"),
+                        encoder, limits=RunnerLimits(board_format="cells_checks"))
+    records = [e.record() for e in eps]
+
+    def taught(record: dict) -> list[str]:
+        return [encoder.tokenizer.decode(record["token_ids"][s:e]).removesuffix("<|im_end|>")
+                for s, e in answer_spans(record["action_mask"])]
+
+    turns = game_turns(records)
+    expected = [protocol.answer_text(t.column, t.board, "cells_checks") for t in turns]
+    assert [a for r in records for a in taught(r)] == expected
+    positions = one_turn_positions(turns, encoder, 16, board_format="cells_checks", per_conversation=4)
+    assert [len(taught(r)) for r in positions] == [4] * 4
+    assert all(a in expected for r in positions for a in taught(r))
