@@ -8,8 +8,9 @@ the check the model wrote with the true one (`protocol.read_check` against `prot
 - `check_exact`: the share of answers whose check is the true one, word for word in its marks;
 - per kind (`win`: a column wins now; `block`: none wins, and the opponent wins in some column):
   `turns` of that kind, `marked` (the model's check gives a true column that mark: recall), `played` (its
-  column is one of the true ones), and over the answers whose own check gives some column that mark:
-  `own_marks`, `own_true` (every column it marked so is one: precision), `follows` (it played a column it marked so).
+  column is one of the true ones), and over the answers whose own check gives some column that mark (for block:
+  and none win): `own_marks`, `own_true` (every column it marked so is one: precision), `follows` (it played a column
+  it marked so).
 
 `follows` near 1 with `marked` low says the move is read off the check well and the check itself is what fails.
 
