@@ -139,7 +139,7 @@ def read_check(text: str) -> dict[int, str | None]:
     """The marks an answer's check gives the columns it names (column -> win / block / gift / None): each landing
     cell word and the mark after it, up to the answer's last ``[col``. The inverse of ``check_text``, lenient: words
     it does not know are skipped, so a model's garbled check still shows what it did write."""
-    words = text.rsplit("[col", 1)[0].split() if "[col" in text else text.split()
+    words = text.rsplit("[col", 1)[0].split()  # the whole text where there is no [col
     marks: dict[int, str | None] = {}
     for k, word in enumerate(words):
         if _CELL_WORD_RE.match(word):
