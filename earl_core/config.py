@@ -23,6 +23,8 @@ BOARD_FORMATS = ("rows", "cells", "cells_landing", "cells_checks")
 # An answer that checks all 7 columns takes up to ~20 tokens with a tokenizer built for the protocol
 # (tests/core/test_teacher.py); the rest is room for a model's own words before its [col N].
 CHECKS_NEW_TOKENS = 32
+# The presets a run may train on CPU (earl_core.models.MODEL_PRESETS holds them and the GPU-only shapes).
+TRAINABLE_PRESETS = ("tiny", "tiny-deep", "small")
 POSITION_SOURCES = ("games", "mixed")  # where sft.positions are cut from (earl_core.agent.teacher)
 OPPONENT_ALLOWED = ("random, heuristic, heuristic:P (P% random moves, 0..100), solver, solver:D with D in 1..42, "
                     "or a comma-separated list of these")
@@ -69,7 +71,7 @@ class ModelConfig:
     """Tokenizer size for a freshly built model."""
 
     def __post_init__(self) -> None:
-        _check_choice("model.preset", self.preset, ("tiny", "small"))
+        _check_choice("model.preset", self.preset, TRAINABLE_PRESETS)
         _check_range("model.vocab_size", self.vocab_size, 300, 65536)
         if self.path is not None and (not isinstance(self.path, str) or not self.path.strip()):
             raise ConfigError("model.path", "must be a non-empty string or null", allowed="a local directory or hub id")

@@ -70,6 +70,10 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(
         hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=2
     ),
+    # tiny's width at twice its depth: whether seeing a four through a landing cell needs more layers (bench/README.md).
+    "tiny-deep": ModelPreset(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=4
+    ),
     "small": ModelPreset(
         hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768, num_hidden_layers=4
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from earl_core.config import TRAINABLE_PRESETS
 from earl_core.errors import ConfigError, ModelLoadError
 from earl_core.models import (
     IM_END,
@@ -111,6 +113,12 @@ def test_presets_have_vllm_head_sizes() -> None:
             hidden_size=120, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=1
         )
     assert info.value.field == "model.head_dim"
+
+
+def test_trainable_presets_exist_and_tiny_deep_only_adds_layers() -> None:
+    assert set(TRAINABLE_PRESETS) <= set(MODEL_PRESETS)
+    tiny, deep = MODEL_PRESETS["tiny"], MODEL_PRESETS["tiny-deep"]
+    assert deep == dataclasses.replace(tiny, num_hidden_layers=2 * tiny.num_hidden_layers)
 
 
 @pytest.mark.parametrize(("preset", "params"), [("qwen2.5-0.5b-shape", 494_032_768), ("qwen2.5-1.5b-shape", 1_543_714_304)])
