@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -66,14 +66,13 @@ class ModelPreset:
         return self.hidden_size // self.num_attention_heads
 
 
+_TINY = ModelPreset(
+    hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=2
+)
 MODEL_PRESETS: dict[str, ModelPreset] = {
-    "tiny": ModelPreset(
-        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=2
-    ),
+    "tiny": _TINY,
     # tiny's width at twice its depth: whether seeing a four through a landing cell needs more layers (bench/README.md).
-    "tiny-deep": ModelPreset(
-        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=4
-    ),
+    "tiny-deep": replace(_TINY, num_hidden_layers=4),
     "small": ModelPreset(
         hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768, num_hidden_layers=4
     ),
