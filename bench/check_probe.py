@@ -1,9 +1,10 @@
 """check_probe: where a `cells_checks` agent goes wrong -- in its check of the board, or in reading its move off it.
 
-With `game.board_format: cells_checks` every answer opens with a check: the landing cell of each legal column,
-marked win / block / gift (`earl_core.agent.protocol.check_text`). This plays a checkpoint greedily against an
-opponent (the checkpoint's own protocol limits, vLLM), keeps every answer with the board it answered, and compares
-the check the model wrote with the true one (`protocol.read_check` against `protocol.check_mark`):
+With `game.board_format: cells_checks` (or `cells_stack_checks`) every answer opens with a check: the landing cell
+of each legal column, marked win / block / gift (`earl_core.agent.protocol.check_text`). This plays a checkpoint
+greedily against an opponent (the checkpoint's own protocol limits, vLLM), keeps every answer with the board it
+answered, and compares the check the model wrote with the true one (`protocol.read_check` against
+`protocol.check_mark`):
 
 - `check_exact`: the share of answers whose check is the true one, word for word in its marks;
 - per kind (`win`: a column wins now; `block`: none wins, and the opponent wins in some column):
@@ -34,6 +35,7 @@ from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import engine_policy
+from earl_core.config import CHECK_FORMATS
 from earl_core.engines.base import Generation, SamplingSpec, make_engine
 from earl_core.env.connect_four import Board
 from earl_core.evaluate import checkpoint_limits, evaluate_policy
@@ -76,9 +78,9 @@ def score_answers(answers: list[tuple[Board, str]]) -> dict[str, Any]:
 def probe(checkpoint: str, *, opponent: str, games: int, seed: int) -> dict[str, Any]:
     """Play `games` games per side greedily and score every answer (retries included)."""
     limits = checkpoint_limits(checkpoint)
-    if limits.board_format != "cells_checks":
+    if limits.board_format not in CHECK_FORMATS:
         raise SystemExit(f"{checkpoint}: game.board_format is {limits.board_format!r}; this probe reads the check "
-                         "of cells_checks answers")
+                         f"of {' / '.join(CHECK_FORMATS)} answers")
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(checkpoint))
     engine = make_engine("vllm", checkpoint)
     answers: list[tuple[Board, str]] = []

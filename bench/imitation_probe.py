@@ -40,7 +40,7 @@ from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import answer_ids, protocol_corpus, teacher_policy
-from earl_core.config import BOARD_FORMATS, AlgoConfig
+from earl_core.config import BOARD_FORMATS, CHECK_FORMATS, AlgoConfig
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent, opponent_wins_at
 from earl_core.models import create_model
@@ -183,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--puzzle-only", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    # Not cells_checks: its answers open with a check, and the probe reads the column at the answer's first tokens.
-    p.add_argument("--board", choices=[f for f in BOARD_FORMATS if f != "cells_checks"], default="rows",
-                   help="the board text in the prompts (game.board_format): rows, cells (one word per cell) or "
-                   "cells_landing (cells, each legal column with the cell it fills)")
+    # Not the check formats: their answers open with a check, and the probe reads the column at the answer's first
+    # tokens.
+    p.add_argument("--board", choices=[f for f in BOARD_FORMATS if f not in CHECK_FORMATS], default="rows",
+                   help="the board text in the prompts (game.board_format): rows, cells (one word per cell), "
+                   "cells_landing (cells, each legal column with the cell it fills) or cells_stack (cells_landing, "
+                   "each landing cell with the like stones under it)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

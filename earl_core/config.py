@@ -19,7 +19,9 @@ MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
 FLOAT_MAX_BITS = 1024  # ints above 2**1024 overflow a float
 _OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-9]|[1-3][0-9]|4[0-2]))?)$")
 # How the agent protocol writes the board (and, for cells_checks, the answer): earl_core.agent.protocol.
-BOARD_FORMATS = ("rows", "cells", "cells_landing", "cells_checks")
+BOARD_FORMATS = ("rows", "cells", "cells_landing", "cells_checks", "cells_stack", "cells_stack_checks")
+# The formats whose answers open with a check of every legal column (protocol.check_text).
+CHECK_FORMATS = ("cells_checks", "cells_stack_checks")
 # An answer that checks all 7 columns takes up to ~20 tokens with a tokenizer built for the protocol
 # (tests/core/test_teacher.py); the rest is room for a model's own words before its [col N].
 CHECKS_NEW_TOKENS = 32
@@ -94,10 +96,12 @@ class GameConfig:
     """How each turn writes the board: rows (a column header, then rows of X / O / .), cells (one word per
     cell, e.g. `dax` = column d (3), bottom row a, X; a freshly built tokenizer makes each one token, which small
     models learn tactics from far sooner), cells_landing (cells, and each legal column followed by the word of the
-    empty cell its stone would land in, e.g. `3 dbe`) or cells_checks (cells_landing, and the agent is asked to go
+    empty cell its stone would land in, e.g. `3 dbe`), cells_checks (cells_landing, and the agent is asked to go
     through the legal columns before its move, marking each landing cell win, block or gift: `aae cbe block dce
-    [col 2]`; the teacher's answers do so, and rollout.max_new_tokens must be at least 32). A checkpoint records it;
-    eval and play use the checkpoint's."""
+    [col 2]`; the teacher's answers do so, and rollout.max_new_tokens must be at least 32), cells_stack (cells_landing,
+    and each landing cell followed by the like stones right under it, at most three, e.g. `3 dde oo`) or
+    cells_stack_checks (cells_stack with the answers of cells_checks). A checkpoint records it; eval and play use
+    the checkpoint's."""
 
     def __post_init__(self) -> None:
         opponent_list(self.opponent, "game.opponent")
@@ -417,7 +421,7 @@ class RunConfig:
         if self.algo.name == "grpo" and self.rollout.temperature == 0 and self.rollout.group_size > 1:
             raise ConfigError("rollout.temperature", "0 (greedy) makes every game of a GRPO group identical, so no "
                               "advantage is ever non-zero", allowed="0.01..2.0 with algo.name=grpo")
-        if self.game.board_format == "cells_checks" and self.rollout.max_new_tokens < CHECKS_NEW_TOKENS:
+        if self.game.board_format in CHECK_FORMATS and self.rollout.max_new_tokens < CHECKS_NEW_TOKENS:
             raise ConfigError("rollout.max_new_tokens", f"{self.rollout.max_new_tokens} cannot hold an answer that "
                               "checks every legal column first (game.board_format=cells_checks)",
                               allowed=f"{CHECKS_NEW_TOKENS}..4096 with cells_checks")

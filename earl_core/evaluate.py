@@ -16,7 +16,7 @@ from earl_core.agent.chat import ChatEncoder
 from earl_core.agent.episode import Episode
 from earl_core.agent.runner import GameSpec, Policy, RunnerLimits, engine_policy, play_episodes
 from earl_core.checkpoints import STATE_FILE
-from earl_core.config import CHECKS_NEW_TOKENS, GameConfig, RolloutConfig, RunConfig
+from earl_core.config import CHECK_FORMATS, CHECKS_NEW_TOKENS, GameConfig, RolloutConfig, RunConfig
 from earl_core.engines.base import SamplingSpec, make_engine
 from earl_core.env.opponents import make_opponent
 
@@ -136,7 +136,7 @@ def checkpoint_limits(model_dir: str, *, board_format: str | None = None) -> Run
     limits = _limits(section(GameConfig, "game"), section(RolloutConfig, "rollout"))
     if board_format is not None:
         limits = replace(limits, board_format=GameConfig(board_format=board_format).board_format)
-    if limits.board_format == "cells_checks":
+    if limits.board_format in CHECK_FORMATS:
         # An override (or a model from elsewhere) keeps the default token budget, too short for a checked answer.
         limits = replace(limits, max_new_tokens=max(limits.max_new_tokens, CHECKS_NEW_TOKENS))
     return limits

@@ -18,7 +18,11 @@ Board formats (``game.board_format``; the system prompt explains the one in use)
 - ``cells_checks``: ``cells_landing``, and the answer goes through the legal columns before the move (``check_text``):
   the landing cell of each, marked ``win`` where the agent's stone there connects four, ``block`` where the
   opponent's would, ``gift`` where it lets the opponent win on top: ``aae cbe block dce [col 2]``.
-  A move is then read off its own line of the check; only the last ``[col N]`` counts, as always.
+  A move is then read off its own line of the check; only the last ``[col N]`` counts, as always;
+- ``cells_stack``: ``cells_landing``, and each landing cell is followed by the unbroken run of like stones right
+  under it, the top of its column's stack, at most three (``Legal columns: 0 aae, 3 dde oo, 5 fbe x.``): a
+  copy of up to three cells of the board, so a column's top stones sit next to the move that would cover them;
+- ``cells_stack_checks``: ``cells_stack``, with the answer of ``cells_checks`` (the check, then the move).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from earl_core.config import BOARD_FORMATS
+from earl_core.config import BOARD_FORMATS, CHECK_FORMATS
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import opponent_wins_at
 
@@ -43,7 +47,8 @@ _LEGEND = {
     "cells": ("(one word per cell, top row first: column letter a-g for columns 0-6, row letter a-f from the bottom, "
               "then {mine_lc} = yours, {theirs_lc} = your opponent's, e = empty)"),
 }
-_LEGEND["cells_landing"] = _LEGEND["cells_checks"] = _LEGEND["cells"]
+for _format in ("cells_landing", "cells_checks", "cells_stack", "cells_stack_checks"):
+    _LEGEND[_format] = _LEGEND["cells"]
 _LANDING_NOTE = " Each legal column is followed by the cell its stone would land in."
 _LEGAL_NOTE = {
     "cells_landing": _LANDING_NOTE,
@@ -51,7 +56,10 @@ _LEGAL_NOTE = {
         " Before your move, go through the legal columns: write the landing cell of each, followed by win if your "
         "stone there connects four, block if your opponent's would, gift if it lets your opponent win on top of it. "
         "Then answer, for example: aae cbe block dce [col 2]"),
+    "cells_stack": (" Each legal column is followed by the cell its stone would land in and the stones right under "
+                    "that cell while they are alike, at most three, for example 3 dde oo."),
 }
+_LEGAL_NOTE["cells_stack_checks"] = _LEGAL_NOTE["cells_stack"] + _LEGAL_NOTE["cells_checks"][len(_LANDING_NOTE):]
 _CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
 _CELL_WORD_RE = re.compile(r"^[a-g][a-f]e$")  # an empty cell's word: what a check names
 CHECK_MARKS = ("win", "block", "gift")
@@ -91,10 +99,26 @@ def _landing_word(board: Board, column: int) -> str:
     return _cell_word(board, next(r for r in range(6) if board.cell(r, column) == 0), column)
 
 
+def _stack_top(board: Board, column: int) -> str:
+    """The unbroken run of like stones on top of `column`, at most three, as content letters (``oo``); '' if empty."""
+    height = sum(1 for row in range(6) if board.cell(row, column) != 0)
+    if height == 0:
+        return ""
+    top = board.cell(height - 1, column)
+    run = 0
+    # A run of three is all a move can complete or must stop; a fourth like stone below would have ended the game.
+    while run < 3 and height - 1 - run >= 0 and board.cell(height - 1 - run, column) == top:
+        run += 1
+    return _CELL_CONTENT[top] * run
+
+
 def _legal_text(board: Board, board_format: str) -> str:
     columns = board.legal_columns()
     if board_format in ("cells_landing", "cells_checks"):
         return "Legal columns: " + ", ".join(f"{c} {_landing_word(board, c)}" for c in columns) + "."
+    if board_format in ("cells_stack", "cells_stack_checks"):
+        return "Legal columns: " + ", ".join(
+            " ".join(filter(None, (str(c), _landing_word(board, c), _stack_top(board, c)))) for c in columns) + "."
     return "Legal columns: " + ", ".join(str(c) for c in columns) + "."
 
 
@@ -149,11 +173,11 @@ def read_check(text: str) -> dict[int, str | None]:
 
 
 def answer_text(column: int, board: Board | None = None, board_format: str = "rows") -> str:
-    """The canonical answer for a column (what a teacher writes in the warm start); with ``cells_checks`` it
-    opens with the check of `board`."""
-    if board_format == "cells_checks":
+    """The canonical answer for a column (what a teacher writes in the warm start); with a check format
+    (``cells_checks``, ``cells_stack_checks``) it opens with the check of `board`."""
+    if board_format in CHECK_FORMATS:
         if board is None:
-            raise ValueError("a cells_checks answer checks the board: pass it")
+            raise ValueError(f"a {board_format} answer checks the board: pass it")
         return f"{check_text(board)} [col {column}]"
     return f"[col {column}]"
 

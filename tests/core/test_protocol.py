@@ -90,6 +90,24 @@ def test_cells_landing_names_the_cell_each_legal_column_fills() -> None:
     assert protocol.retry_prompt(board, "column 0 is full.", "cells_landing").endswith("5 fae, 6 gae.")
 
 
+def test_cells_stack_follows_each_landing_cell_with_the_run_of_like_stones_under_it() -> None:
+    board = Board.from_moves("2424245" + "111111" + "66")
+    # Column 0 full; 1: X X X; 3: O O O; 4: X; 5: O X (the X on top, the O below breaks the run); 2 and 6 empty.
+    assert [board.cell(r, 5) for r in range(3)] == [2, 1, 0]
+    text = protocol.turn_prompt(board, 5, "cells_stack")
+    assert protocol.board_text(board, "cells") in text
+    assert text.endswith("Legal columns: 1 bde xxx, 2 cae, 3 dde ooo, 4 ebe x, 5 fce x, 6 gae.")
+    assert "right under that cell while they are alike" in protocol.system_prompt(1, "cells_stack")
+    assert protocol.system_prompt(2, "cells_stack").startswith(protocol.system_prompt(2, "cells"))
+    assert protocol.answer_text(3, board, "cells_stack") == "[col 3]"
+    # cells_stack_checks: the same prompts, with the answer of cells_checks (here O to move: d wins, b blocks).
+    assert protocol.turn_prompt(board, 5, "cells_stack_checks") == text
+    both = protocol.system_prompt(1, "cells_stack_checks")
+    assert both.startswith(protocol.system_prompt(1, "cells_stack")) and both.endswith(
+        protocol.system_prompt(1, "cells_checks").rsplit(". Before your move", 1)[1])
+    assert protocol.answer_text(3, board, "cells_stack_checks") == "bde block cae dde win ebe fce gae [col 3]"
+
+
 def test_system_prompt_explains_the_board_format() -> None:
     assert "X = yours, O = your opponent's, . = empty" in protocol.system_prompt(1, "rows")
     assert protocol.system_prompt(1) == protocol.system_prompt(1, "rows")
@@ -139,8 +157,9 @@ def test_cells_checks_answers_open_with_the_check_of_every_legal_column() -> Non
         c: protocol.check_mark(board, c) for c in board.legal_columns()}
     # A model's garbled check still shows what it wrote; the last [col N] and what follows are not part of it.
     assert protocol.read_check("abe zzz cae block blah gbe [col 6] dce win") == {0: None, 2: "block", 6: None}
-    with pytest.raises(ValueError, match="checks the board"):
-        protocol.answer_text(3, None, "cells_checks")
+    for board_format in ("cells_checks", "cells_stack_checks"):
+        with pytest.raises(ValueError, match="checks the board"):
+            protocol.answer_text(3, None, board_format)
 
 
 def test_cells_checks_asks_for_the_check_and_shows_the_landing_cells() -> None:
