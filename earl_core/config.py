@@ -423,8 +423,9 @@ class RunConfig:
                               "advantage is ever non-zero", allowed="0.01..2.0 with algo.name=grpo")
         if self.game.board_format in CHECK_FORMATS and self.rollout.max_new_tokens < CHECKS_NEW_TOKENS:
             raise ConfigError("rollout.max_new_tokens", f"{self.rollout.max_new_tokens} cannot hold an answer that "
-                              "checks every legal column first (game.board_format=cells_checks)",
-                              allowed=f"{CHECKS_NEW_TOKENS}..4096 with cells_checks")
+                              "checks every legal column first "
+                              f"(game.board_format={self.game.board_format})",
+                              allowed=f"{CHECKS_NEW_TOKENS}..4096 with {self.game.board_format}")
         if self.model.path is None and self.rollout.max_context > MAX_POSITIONS:
             raise ConfigError("rollout.max_context", f"{self.rollout.max_context} exceeds the built-in presets' "
                               f"{MAX_POSITIONS} positions", allowed=f"256..{MAX_POSITIONS}")

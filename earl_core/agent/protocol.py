@@ -50,16 +50,17 @@ _LEGEND = {
 for _format in ("cells_landing", "cells_checks", "cells_stack", "cells_stack_checks"):
     _LEGEND[_format] = _LEGEND["cells"]
 _LANDING_NOTE = " Each legal column is followed by the cell its stone would land in."
+_STACK_NOTE = (" Each legal column is followed by the cell its stone would land in and the stones right under that "
+               "cell while they are alike, at most three, for example 3 dde oo.")
+_CHECK_NOTE = (" Before your move, go through the legal columns: write the landing cell of each, followed by win if "
+               "your stone there connects four, block if your opponent's would, gift if it lets your opponent win on "
+               "top of it. Then answer, for example: aae cbe block dce [col 2]")
 _LEGAL_NOTE = {
     "cells_landing": _LANDING_NOTE,
-    "cells_checks": _LANDING_NOTE + (
-        " Before your move, go through the legal columns: write the landing cell of each, followed by win if your "
-        "stone there connects four, block if your opponent's would, gift if it lets your opponent win on top of it. "
-        "Then answer, for example: aae cbe block dce [col 2]"),
-    "cells_stack": (" Each legal column is followed by the cell its stone would land in and the stones right under "
-                    "that cell while they are alike, at most three, for example 3 dde oo."),
+    "cells_checks": _LANDING_NOTE + _CHECK_NOTE,
+    "cells_stack": _STACK_NOTE,
+    "cells_stack_checks": _STACK_NOTE + _CHECK_NOTE,
 }
-_LEGAL_NOTE["cells_stack_checks"] = _LEGAL_NOTE["cells_stack"] + _LEGAL_NOTE["cells_checks"][len(_LANDING_NOTE):]
 _CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
 _CELL_WORD_RE = re.compile(r"^[a-g][a-f]e$")  # an empty cell's word: what a check names
 CHECK_MARKS = ("win", "block", "gift")

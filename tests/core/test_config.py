@@ -47,6 +47,8 @@ def test_defaults_round_trip() -> None:
         ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
         ({"game": {"board_format": "cells_checks"}, "rollout": {"max_new_tokens": 16}}, "rollout.max_new_tokens",
          "32..4096 with cells_checks"),
+        ({"game": {"board_format": "cells_stack_checks"}, "rollout": {"max_new_tokens": 8}}, "rollout.max_new_tokens",
+         "32..4096 with cells_stack_checks"),
         ({"sft": {"positions": -1}}, "sft.positions", "0..10000000"),
         ({"sft": {"position_source": "solver"}}, "sft.position_source", "games, mixed"),
         ({"sft": {"lr_schedule": "linear"}}, "sft.lr_schedule", "constant, cosine"),
