@@ -47,7 +47,11 @@ _LEGEND = {
     "cells": ("(one word per cell, top row first: column letter a-g for columns 0-6, row letter a-f from the bottom, "
               "then {mine_lc} = yours, {theirs_lc} = your opponent's, e = empty)"),
 }
-for _format in ("cells_landing", "cells_checks", "cells_stack", "cells_stack_checks"):
+# The cells formats that add words to the legal columns: each legal column's landing cell, and for the stack
+# formats the stones under it.
+_LANDING_FORMATS = ("cells_landing", "cells_checks", "cells_stack", "cells_stack_checks")
+_STACK_FORMATS = ("cells_stack", "cells_stack_checks")
+for _format in _LANDING_FORMATS:
     _LEGEND[_format] = _LEGEND["cells"]
 _LANDING_NOTE = " Each legal column is followed by the cell its stone would land in."
 _STACK_NOTE = (" Each legal column is followed by the cell its stone would land in and the stones right under that "
@@ -95,32 +99,39 @@ def _cell_word(board: Board, row: int, column: int) -> str:
     return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, column)]
 
 
+def _height(board: Board, column: int) -> int:
+    """Stones in `column`: the row a stone dropped there lands in."""
+    return sum(1 for row in range(6) if board.cell(row, column) != 0)
+
+
 def _landing_word(board: Board, column: int) -> str:
     """The word of the empty cell a stone dropped in (legal) `column` lands in."""
-    return _cell_word(board, next(r for r in range(6) if board.cell(r, column) == 0), column)
+    return _cell_word(board, _height(board, column), column)
 
 
 def _stack_top(board: Board, column: int) -> str:
     """The unbroken run of like stones on top of `column`, at most three, as content letters (``oo``); '' if empty."""
-    height = sum(1 for row in range(6) if board.cell(row, column) != 0)
-    if height == 0:
-        return ""
-    top = board.cell(height - 1, column)
+    height = _height(board, column)
+    top = board.cell(height - 1, column) if height else 0
     run = 0
     # A run of three is all a move can complete or must stop; a fourth like stone below would have ended the game.
-    while run < 3 and height - 1 - run >= 0 and board.cell(height - 1 - run, column) == top:
+    while run < min(3, height) and board.cell(height - 1 - run, column) == top:
         run += 1
     return _CELL_CONTENT[top] * run
 
 
+def _legal_entry(board: Board, column: int, board_format: str) -> str:
+    """One legal column as the legal line writes it: its number, then the words its format adds."""
+    words = [str(column)]
+    if board_format in _LANDING_FORMATS:
+        words.append(_landing_word(board, column))
+    if board_format in _STACK_FORMATS:
+        words.append(_stack_top(board, column))
+    return " ".join(word for word in words if word)
+
+
 def _legal_text(board: Board, board_format: str) -> str:
-    columns = board.legal_columns()
-    if board_format in ("cells_landing", "cells_checks"):
-        return "Legal columns: " + ", ".join(f"{c} {_landing_word(board, c)}" for c in columns) + "."
-    if board_format in ("cells_stack", "cells_stack_checks"):
-        return "Legal columns: " + ", ".join(
-            " ".join(filter(None, (str(c), _landing_word(board, c), _stack_top(board, c)))) for c in columns) + "."
-    return "Legal columns: " + ", ".join(str(c) for c in columns) + "."
+    return "Legal columns: " + ", ".join(_legal_entry(board, c, board_format) for c in board.legal_columns()) + "."
 
 
 def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "rows") -> str:
