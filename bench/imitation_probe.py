@@ -40,7 +40,7 @@ from earl_core.agent import protocol
 from earl_core.agent.chat import ChatEncoder, answer_spans
 from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import answer_ids, protocol_corpus, teacher_policy
-from earl_core.config import BOARD_FORMATS, CHECK_FORMATS, AlgoConfig
+from earl_core.config import BOARD_FORMATS, BOARD_VIEWS, CHECK_FORMATS, AlgoConfig
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import make_opponent, opponent_wins_at
 from earl_core.models import create_model
@@ -73,7 +73,8 @@ def turn_kind(board: Board) -> tuple[str, list[int] | None]:
     return "centre", None
 
 
-def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float, board_format: str) -> list[dict[str, Any]]:
+def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float, board_format: str,
+                  board_view: str) -> list[dict[str, Any]]:
     """Heuristic games against random and heuristic opponents (as the warm start plays them), each agent turn
     labelled with its kind; win/block answers weigh `weight` in the loss (the action mask carries the weight)."""
     teacher = make_opponent("heuristic")
@@ -81,7 +82,7 @@ def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float, bo
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % 2]),
                       seed=seed + i) for i in range(games)]
     episodes = play_episodes(specs, teacher_policy(teacher, encoder, seed=seed), encoder,
-                             limits=RunnerLimits(max_context=4096, board_format=board_format))
+                             limits=RunnerLimits(max_context=4096, board_format=board_format, board_view=board_view))
     out = []
     for ep in episodes:
         r = ep.record()
@@ -104,7 +105,7 @@ def teacher_games(encoder: ChatEncoder, games: int, seed: int, weight: float, bo
 
 
 def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int, weight: float,
-            board_format: str) -> list[dict[str, Any]]:
+            board_format: str, board_view: str) -> list[dict[str, Any]]:
     """One-turn conversations from the games' positions, 70% of them win/block turns."""
     rng = random.Random(seed)
     pool = [(g["side"], p) for g in games for p in g["positions"]]
@@ -114,8 +115,9 @@ def puzzles(encoder: ChatEncoder, games: list[dict[str, Any]], n: int, seed: int
     for _ in range(n):
         side, (board, kind, good, column) = rng.choice(tactical) if rng.random() < 0.7 else rng.choice(other)
         # The opponent's last move is not kept with the position; a first-turn prompt shows the board alone.
-        ids = (encoder.message("system", protocol.system_prompt(side, board_format)) +
-               encoder.message("user", protocol.turn_prompt(board, None, board_format)) + encoder.generation_prompt())
+        ids = (encoder.message("system", protocol.system_prompt(side, board_format, board_view)) +
+               encoder.message("user", protocol.turn_prompt(board, None, board_format, board_view)) +
+               encoder.generation_prompt())
         answer = answer_ids(encoder, column)
         w = weight if kind in TACTICS else 1.0
         out.append({"token_ids": ids + answer, "action_mask": [0.0] * len(ids) + [w] * len(answer),
@@ -133,7 +135,8 @@ def column_offset(tok: Any) -> tuple[int, dict[int, int]]:
 
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, held: list[dict[str, Any]], offset: int, columns: dict[int, int]) -> dict[str, float]:
-    """Share of agent turns, per kind, where the model's likeliest column answers the turn."""
+    """Share of agent turns, per kind, where the model's likeliest column answers the turn; and of the win and
+    block turns (all four kinds) by the side the agent plays (`tactics@first`, `tactics@second`)."""
     model.eval()
     right, total = Counter(), Counter()
     candidates = torch.tensor(sorted(columns))
@@ -148,8 +151,13 @@ def accuracy(model: torch.nn.Module, held: list[dict[str, Any]], offset: int, co
             for (start, _), (kind, good, column) in zip(r["spans"], r["turns"]):
                 scores = logits[i, start + offset - 1, candidates]
                 guess = columns[int(candidates[int(scores.argmax())])]
-                right[kind] += guess in good if good else guess == column
+                hit = guess in good if good else guess == column
+                right[kind] += hit
                 total[kind] += 1
+                if kind in TACTICS:
+                    side = "tactics@first" if r["side"] == 1 else "tactics@second"
+                    right[side] += hit
+                    total[side] += 1
     model.train()
     return {kind: round(right[kind] / total[kind], 3) for kind in sorted(total)}
 
@@ -189,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the board text in the prompts (game.board_format): rows, cells (one word per cell), "
                    "cells_landing (cells, each legal column with the cell it fills) or cells_stack (cells_landing, "
                    "each landing cell with the like stones under it)")
+    p.add_argument("--view", choices=BOARD_VIEWS, default="absolute",
+                   help="game.board_view: absolute (X moves first) or relative (the agent's stones are always X)")
     p.add_argument("--out", default=str(ROOT / "results" / "imitation_probe.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -197,17 +207,18 @@ def main(argv: list[str] | None = None) -> int:
                  if v is not None}
     factory.MODEL_PRESETS["probe"] = dataclasses.replace(factory.MODEL_PRESETS[args.preset], **overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = create_model("probe", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed, board_format=args.board),
+        model_dir = create_model("probe", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed, board_format=args.board,
+                                                                       board_view=args.view),
                                  seed=args.seed)
         learner = Learner(model_dir, algo=AlgoConfig(lr=args.lr, micro_batch=args.micro_batch), seed=args.seed)
         encoder = ChatEncoder(learner.tokenizer)
         params = sum(q.numel() for q in learner.model.parameters())
         started = time.perf_counter()
-        train = teacher_games(encoder, args.games, 1000, args.tactic_weight, args.board)
-        held = teacher_games(encoder, 300, 10_000_000, 1.0, args.board)
+        train = teacher_games(encoder, args.games, 1000, args.tactic_weight, args.board, args.view)
+        held = teacher_games(encoder, 300, 10_000_000, 1.0, args.board, args.view)
         kinds = Counter(kind for g in train for kind, _, _ in g["turns"])
         if args.puzzles:
-            extra = puzzles(encoder, train, args.puzzles, args.seed + 1, args.tactic_weight, args.board)
+            extra = puzzles(encoder, train, args.puzzles, args.seed + 1, args.tactic_weight, args.board, args.view)
             train = extra if args.puzzle_only else train + extra
         print(f"{params:,} parameters; {len(train)} training conversations, mean "
               f"{sum(len(r['token_ids']) for r in train) / len(train):.0f} tokens; turns {dict(kinds)} "

@@ -22,6 +22,8 @@ _OPPONENT_RE = re.compile(r"^(random|heuristic(:(100|[1-9]?[0-9]))?|solver(:([1-
 BOARD_FORMATS = ("rows", "cells", "cells_landing", "cells_checks", "cells_stack", "cells_stack_checks")
 # The formats whose answers open with a check of every legal column (protocol.check_text).
 CHECK_FORMATS = ("cells_checks", "cells_stack_checks")
+# Whose stones are which letter on the board the agent reads: X and O as they are, or the agent's always X.
+BOARD_VIEWS = ("absolute", "relative")
 # An answer that checks all 7 columns takes up to ~20 tokens with a tokenizer built for the protocol
 # (tests/core/test_teacher.py); the rest is room for a model's own words before its [col N].
 CHECKS_NEW_TOKENS = 32
@@ -102,6 +104,11 @@ class GameConfig:
     and each landing cell followed by the like stones right under it, at most three, e.g. `3 dde oo`) or
     cells_stack_checks (cells_stack with the answers of cells_checks). A checkpoint records it; eval and play use
     the checkpoint's."""
+    board_view: str = "absolute"
+    """Which letter stands for whose stones on the board the agent reads: absolute (X for the first player, O for
+    the second, as the system prompt says) or relative (the agent's own stones are always X and its opponent's O,
+    whichever side it plays, so a position and its colour swap read the same and "my four" is one pattern, not
+    one per side). A checkpoint records it; eval and play use the checkpoint's."""
 
     def __post_init__(self) -> None:
         opponent_list(self.opponent, "game.opponent")
@@ -109,6 +116,7 @@ class GameConfig:
         _check_range("game.max_invalid", self.max_invalid, 0, 10)
         _check_range("game.format_penalty", self.format_penalty, 0.0, 1.0)
         _check_choice("game.board_format", self.board_format, BOARD_FORMATS)
+        _check_choice("game.board_view", self.board_view, BOARD_VIEWS)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def run_limits(cfg: RunConfig) -> RunnerLimits:
 def _limits(game: GameConfig, rollout: RolloutConfig) -> RunnerLimits:
     return RunnerLimits(max_invalid=game.max_invalid, format_penalty=game.format_penalty,
                         max_context=rollout.max_context, max_new_tokens=rollout.max_new_tokens,
-                        board_format=game.board_format)
+                        board_format=game.board_format, board_view=game.board_view)
 
 
 def checkpoint_limits(model_dir: str, *, board_format: str | None = None) -> RunnerLimits:

@@ -65,7 +65,8 @@ def base_model_dir(cfg: RunConfig) -> str:
     target = cfg.run_dir / "base_model"
     if not (target / "config.json").exists():
         shutil.rmtree(target, ignore_errors=True)
-        corpus = protocol_corpus(400, seed=cfg.seed, board_format=cfg.game.board_format)
+        corpus = protocol_corpus(400, seed=cfg.seed, board_format=cfg.game.board_format,
+                                 board_view=cfg.game.board_view)
         create_model(cfg.model.preset, target, corpus=corpus, seed=cfg.seed,
                      vocab_size=cfg.model.vocab_size)
     return str(target)
@@ -369,14 +370,15 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     policy = teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate,
                             board_format=cfg.game.board_format)
     episodes = play_episodes(specs, policy, encoder,
-                             limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format))
+                             limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format,
+                                                 board_view=cfg.game.board_view))
     records = [e.record() for e in episodes]
     positions: list[dict[str, Any]] = []
     if cfg.sft.positions:
         turns = (game_turns(records) if cfg.sft.position_source == "games"
                  else mixed_play_turns(teacher, mixed_games, seed=cfg.seed))
         positions = one_turn_positions(turns, encoder, cfg.sft.positions, seed=cfg.seed,
-                                       board_format=cfg.game.board_format,
+                                       board_format=cfg.game.board_format, board_view=cfg.game.board_view,
                                        per_conversation=cfg.sft.positions_per_conversation,
                                        mistake_rate=cfg.sft.mistake_rate)
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"

@@ -23,6 +23,11 @@ Board formats (``game.board_format``; the system prompt explains the one in use)
   under it, the top of its column's stack, at most three (``Legal columns: 0 aae, 3 dde oo, 5 fbe x.``): a
   copy of up to three cells of the board, so a column's top stones sit next to the move that would cover them;
 - ``cells_stack_checks``: ``cells_stack``, with the answer of ``cells_checks`` (the check, then the move).
+
+Board views (``game.board_view``): ``absolute`` writes X for the first player's stones and O for the second's;
+``relative`` writes the agent's own stones as X whichever side it plays (the system prompt then calls the agent X
+and says who moves first). A prompt is always written for the side to move, the agent, so the view needs no more
+than the board.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from earl_core.config import BOARD_FORMATS, CHECK_FORMATS
+from earl_core.config import BOARD_FORMATS, BOARD_VIEWS, CHECK_FORMATS
 from earl_core.env.connect_four import Board
 from earl_core.env.opponents import opponent_wins_at
 
@@ -73,30 +78,49 @@ _ANSWER_RE = re.compile(r"\[\s*col(?:umn)?\s*[:=]?\s*(-?\d{1,3})\s*\]", re.IGNOR
 _BARE_DIGIT_RE = re.compile(r"^\s*(\d)\s*$")
 
 
-def _check_board_format(board_format: str) -> None:
+def _check_board_format(board_format: str, board_view: str = "absolute") -> None:
     if board_format not in BOARD_FORMATS:
         raise ValueError(f"unknown board format {board_format!r}; allowed: {', '.join(BOARD_FORMATS)}")
+    if board_view not in BOARD_VIEWS:
+        raise ValueError(f"unknown board view {board_view!r}; allowed: {', '.join(BOARD_VIEWS)}")
 
 
-def system_prompt(agent_side: int, board_format: str = "rows") -> str:
-    """Rules for the agent playing side 1 (X, moves first) or 2 (O), with the legend of the board format."""
-    _check_board_format(board_format)
-    mine, theirs = MARKS[agent_side], MARKS[3 - agent_side]
+def system_prompt(agent_side: int, board_format: str = "rows", board_view: str = "absolute") -> str:
+    """Rules for the agent playing side 1 (moves first) or 2, with the legend of the board format. The agent is X
+    as first player and O as second, or X either way in the relative view."""
+    _check_board_format(board_format, board_view)
+    shown_as = 1 if board_view == "relative" else agent_side  # the side whose letter the agent's stones get
+    mine, theirs = MARKS[shown_as], MARKS[3 - shown_as]
     first = "You move first." if agent_side == 1 else "Your opponent moves first."
     legend = _LEGEND[board_format].format(mine=mine, theirs=theirs, mine_lc=mine.lower(), theirs_lc=theirs.lower())
     return _SYSTEM.format(mark=mine, first=first, legend=legend) + _LEGAL_NOTE.get(board_format, "")
 
 
-def board_text(board: Board, board_format: str = "rows") -> str:
-    """The board as the agent reads it, in one of BOARD_FORMATS (see the module docstring)."""
-    _check_board_format(board_format)
+def board_text(board: Board, board_format: str = "rows", board_view: str = "absolute") -> str:
+    """The board as the agent, the side to move, reads it: one of BOARD_FORMATS in one of BOARD_VIEWS (see the
+    module docstring)."""
+    _check_board_format(board_format, board_view)
     if board_format == "rows":
-        return board.to_text()
-    return "\n".join(" ".join(_cell_word(board, row, c) for c in range(7)) for row in range(5, -1, -1))
+        return board.to_text().translate(_SWAP_MARKS) if _swapped(board, board_view) else board.to_text()
+    return "\n".join(" ".join(_cell_word(board, row, c, board_view) for c in range(7)) for row in range(5, -1, -1))
 
 
-def _cell_word(board: Board, row: int, column: int) -> str:
-    return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[board.cell(row, column)]
+_SWAP_MARKS = str.maketrans("XO", "OX")
+
+
+def _swapped(board: Board, board_view: str) -> bool:
+    """Whether the view writes X for O and O for X: in the relative view, when the second player is to move."""
+    return board_view == "relative" and board.to_move == 2
+
+
+def _content(board: Board, row: int, column: int, board_view: str) -> int:
+    """A cell as the view writes it: 0 empty, 1 X, 2 O."""
+    value = board.cell(row, column)
+    return 3 - value if value and _swapped(board, board_view) else value
+
+
+def _cell_word(board: Board, row: int, column: int, board_view: str = "absolute") -> str:
+    return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[_content(board, row, column, board_view)]
 
 
 def _height(board: Board, column: int) -> int:
@@ -109,43 +133,45 @@ def _landing_word(board: Board, column: int) -> str:
     return _cell_word(board, _height(board, column), column)
 
 
-def _stack_top(board: Board, column: int) -> str:
+def _stack_top(board: Board, column: int, board_view: str) -> str:
     """The unbroken run of like stones on top of `column`, at most three, as content letters (``oo``); '' if empty."""
     height = _height(board, column)
-    top = board.cell(height - 1, column) if height else 0
+    top = _content(board, height - 1, column, board_view) if height else 0
     run = 0
     # A run of three is all a move can complete or must stop; a fourth like stone below would have ended the game.
-    while run < min(3, height) and board.cell(height - 1 - run, column) == top:
+    while run < min(3, height) and _content(board, height - 1 - run, column, board_view) == top:
         run += 1
     return _CELL_CONTENT[top] * run
 
 
-def _legal_entry(board: Board, column: int, board_format: str) -> str:
+def _legal_entry(board: Board, column: int, board_format: str, board_view: str) -> str:
     """One legal column as the legal line writes it: its number, then the words its format adds."""
     words = [str(column)]
     if board_format in _LANDING_FORMATS:
         words.append(_landing_word(board, column))
     if board_format in _STACK_FORMATS:
-        words.append(_stack_top(board, column))
+        words.append(_stack_top(board, column, board_view))
     return " ".join(word for word in words if word)
 
 
-def _legal_text(board: Board, board_format: str) -> str:
-    return "Legal columns: " + ", ".join(_legal_entry(board, c, board_format) for c in board.legal_columns()) + "."
+def _legal_text(board: Board, board_format: str, board_view: str) -> str:
+    entries = (_legal_entry(board, c, board_format, board_view) for c in board.legal_columns())
+    return "Legal columns: " + ", ".join(entries) + "."
 
 
-def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "rows") -> str:
+def turn_prompt(board: Board, opponent_column: int | None, board_format: str = "rows",
+                board_view: str = "absolute") -> str:
     """The user message opening an agent turn: the opponent's move, the board, the legal columns."""
     # The opponent's move is phrased unlike an answer ("column N", not "[col N]") so that copying it is not
     # the easiest thing for a small model to learn.
     head = "Your move." if opponent_column is None else f"Opponent dropped a stone in column {opponent_column}."
-    return f"{head}\n{board_text(board, board_format)}\n{_legal_text(board, board_format)}"
+    return f"{head}\n{board_text(board, board_format, board_view)}\n{_legal_text(board, board_format, board_view)}"
 
 
-def retry_prompt(board: Board, problem: str, board_format: str = "rows") -> str:
+def retry_prompt(board: Board, problem: str, board_format: str = "rows", board_view: str = "absolute") -> str:
     """Feedback after an invalid answer; the agent gets one more try (configurable)."""
-    return (f"Invalid move: {problem} Answer with [col N].\n{board_text(board, board_format)}\n"
-            f"{_legal_text(board, board_format)}")
+    return (f"Invalid move: {problem} Answer with [col N].\n{board_text(board, board_format, board_view)}\n"
+            f"{_legal_text(board, board_format, board_view)}")
 
 
 def check_mark(board: Board, column: int) -> str | None:

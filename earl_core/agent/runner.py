@@ -53,6 +53,7 @@ class RunnerLimits:
     max_context: int = 4096
     max_new_tokens: int = 16
     board_format: str = "rows"  # one of config.BOARD_FORMATS
+    board_view: str = "absolute"  # one of config.BOARD_VIEWS
 
 
 def start_episode(spec: GameSpec, encoder: ChatEncoder, limits: RunnerLimits) -> Episode:
@@ -64,9 +65,10 @@ def start_episode(spec: GameSpec, encoder: ChatEncoder, limits: RunnerLimits) ->
         rng=random.Random(spec.seed),
         retries_left=limits.max_invalid,
     )
-    ep.conversation.extend_context(encoder.message("system", protocol.system_prompt(spec.agent_side, limits.board_format)))
+    ep.conversation.extend_context(encoder.message("system", protocol.system_prompt(spec.agent_side, limits.board_format,
+                                                                                   limits.board_view)))
     opponent_column = _opponent_moves(ep) if spec.agent_side == 2 else None
-    _open_turn(ep, encoder, protocol.turn_prompt(ep.board, opponent_column, limits.board_format))
+    _open_turn(ep, encoder, protocol.turn_prompt(ep.board, opponent_column, limits.board_format, limits.board_view))
     return ep
 
 
@@ -113,7 +115,7 @@ def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: Ru
             ep.finish("loss", f"invalid answer: {answer.problem}", format_penalty=limits.format_penalty)
             return
         ep.retries_left -= 1
-        next_prompt = protocol.retry_prompt(ep.board, answer.problem or "", limits.board_format)
+        next_prompt = protocol.retry_prompt(ep.board, answer.problem or "", limits.board_format, limits.board_view)
     else:
         assert answer.column is not None
         ep.board = ep.board.drop(answer.column)
@@ -124,7 +126,7 @@ def _apply_answer(ep: Episode, gen: Generation, encoder: ChatEncoder, limits: Ru
         if ep.settle_if_over(format_penalty=limits.format_penalty):
             return
         ep.retries_left = limits.max_invalid  # the retry allowance is per turn
-        next_prompt = protocol.turn_prompt(ep.board, opponent_column, limits.board_format)
+        next_prompt = protocol.turn_prompt(ep.board, opponent_column, limits.board_format, limits.board_view)
     _open_turn(ep, encoder, next_prompt)
     # The next answer must fit: a game whose conversation outgrows the context ends as a loss.
     if len(conv) + limits.max_new_tokens > limits.max_context:

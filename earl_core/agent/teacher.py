@@ -74,7 +74,8 @@ def teacher_policy(teacher: Opponent, encoder: ChatEncoder, *, seed: int = 0, mi
     return act
 
 
-def protocol_corpus(games: int = 200, *, seed: int = 0, board_format: str = "rows") -> list[str]:
+def protocol_corpus(games: int = 200, *, seed: int = 0, board_format: str = "rows",
+                    board_view: str = "absolute") -> list[str]:
     """Text of whole conversations (random players, some invalid answers) for training a tokenizer, with the
     board written as the runs will write it."""
     rng = random.Random(seed)
@@ -82,16 +83,17 @@ def protocol_corpus(games: int = 200, *, seed: int = 0, board_format: str = "row
     texts: list[str] = []
     for g in range(games):
         side = 1 + g % 2
-        parts = [protocol.system_prompt(side, board_format)]
+        parts = [protocol.system_prompt(side, board_format, board_view)]
         board = Board()
         last: int | None = None
         while not board.is_terminal():
             column = player.choose(board, rng)
             if board.to_move == side:
-                parts.append(protocol.turn_prompt(board, last, board_format))
+                parts.append(protocol.turn_prompt(board, last, board_format, board_view))
                 if rng.random() < 0.05:
                     parts.append(f"I think column {column} is good.")
-                    parts.append(protocol.retry_prompt(board, "no [col N] found in your answer.", board_format))
+                    parts.append(protocol.retry_prompt(board, "no [col N] found in your answer.", board_format,
+                                                       board_view))
                 parts.append(protocol.answer_text(column, board, board_format))
             last = column
             board = board.drop(column)
@@ -139,7 +141,7 @@ def is_tactical(board: Board) -> bool:
 
 
 def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, *, seed: int = 0,
-                       board_format: str = "rows", tactical_share: float = 0.7,
+                       board_format: str = "rows", board_view: str = "absolute", tactical_share: float = 0.7,
                        per_conversation: int = 1, mistake_rate: float = 0.0) -> list[dict[str, Any]]:
     """`count` positions drawn from `turns`, each a user turn (the opponent's move, the board, the legal columns)
     answered with the teacher's column, packed `per_conversation` to a conversation of one side (one system
@@ -168,15 +170,15 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
         tactical, quiet = pools[side]
         chunk = [rng.choice(tactical if tactical and (not quiet or rng.random() < tactical_share) else quiet)
                  for _ in range(min(per_conversation, left))]
-        ids = encoder.message("system", protocol.system_prompt(side, board_format))
+        ids = encoder.message("system", protocol.system_prompt(side, board_format, board_view))
         mask = [0] * len(ids)
         previous: int | None = None
         for k, turn in enumerate(chunk):
-            prompt = (encoder.message("user", protocol.turn_prompt(turn.board, turn.last, board_format))
+            prompt = (encoder.message("user", protocol.turn_prompt(turn.board, turn.last, board_format, board_view))
                       + encoder.generation_prompt())
             wrong = mistake_column(turn.board, previous) if mistake_rate else None
             if wrong is not None and mistakes.random() < mistake_rate:
-                prompt += _wrong_answer_and_feedback(encoder, turn.board, wrong, board_format)
+                prompt += _wrong_answer_and_feedback(encoder, turn.board, wrong, board_format, board_view)
             answer = answer_ids(encoder, turn.column, turn.board, board_format)
             after = encoder.close_answer(answer) if k < len(chunk) - 1 else []  # as the runner closes a turn
             ids += prompt + answer + after
@@ -187,10 +189,11 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
     return out
 
 
-def _wrong_answer_and_feedback(encoder: ChatEncoder, board: Board, column: int, board_format: str) -> list[int]:
+def _wrong_answer_and_feedback(encoder: ChatEncoder, board: Board, column: int, board_format: str,
+                               board_view: str) -> list[int]:
     """A wrong answer naming full `column`, closed, then the feedback turn a game gives it (as the runner writes
     them), up to the retry's generation prompt."""
     wrong = answer_ids(encoder, column, board, board_format)
     problem = protocol.parse_answer(protocol.answer_text(column, board, board_format), board).problem or ""
-    feedback = encoder.message("user", protocol.retry_prompt(board, problem, board_format))
+    feedback = encoder.message("user", protocol.retry_prompt(board, problem, board_format, board_view))
     return wrong + encoder.close_answer(wrong) + feedback + encoder.generation_prompt()

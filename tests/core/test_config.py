@@ -45,6 +45,7 @@ def test_defaults_round_trip() -> None:
         ({"dispatch": {"mode": "broadcast"}}, "dispatch.mode", "layout_aware"),
         ({"dispatch": {"mode": "central"}}, "dispatch.mode", "centralized"),
         ({"game": {"board_format": "grid"}}, "game.board_format", "cells"),
+        ({"game": {"board_view": "mine"}}, "game.board_view", "absolute, relative"),
         ({"game": {"board_format": "cells_checks"}, "rollout": {"max_new_tokens": 16}}, "rollout.max_new_tokens",
          "32..4096 with cells_checks"),
         ({"game": {"board_format": "cells_stack_checks"}, "rollout": {"max_new_tokens": 8}}, "rollout.max_new_tokens",

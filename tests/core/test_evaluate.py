@@ -25,12 +25,13 @@ def _checkpoint(folder: Path, config: dict) -> str:
 
 
 def test_a_checkpoint_keeps_its_runs_protocol(tmp_path: Path) -> None:
-    cfg = RunConfig.from_dict({"game": {"board_format": "cells", "max_invalid": 2, "format_penalty": 0.25},
+    cfg = RunConfig.from_dict({"game": {"board_format": "cells", "board_view": "relative", "max_invalid": 2,
+                                        "format_penalty": 0.25},
                                "rollout": {"max_new_tokens": 12, "max_context": 2048}})
     limits = checkpoint_limits(_checkpoint(tmp_path / "iter_000003", cfg.to_dict()))
     assert limits == run_limits(cfg)
     assert limits == RunnerLimits(max_invalid=2, format_penalty=0.25, max_context=2048, max_new_tokens=12,
-                                  board_format="cells")
+                                  board_format="cells", board_view="relative")
 
 
 def test_a_model_from_elsewhere_gets_the_defaults(tmp_path: Path) -> None:
@@ -41,7 +42,7 @@ def test_a_model_from_elsewhere_gets_the_defaults(tmp_path: Path) -> None:
 def test_an_older_checkpoint_without_the_field_plays_rows(tmp_path: Path) -> None:
     old = {"version": 1, "game": {"max_invalid": 3, "retired_option": True}, "removed_section": {"x": 1}}
     limits = checkpoint_limits(_checkpoint(tmp_path / "old", old))
-    assert limits.board_format == "rows" and limits.max_invalid == 3
+    assert limits.board_format == "rows" and limits.board_view == "absolute" and limits.max_invalid == 3
 
 
 def test_the_board_format_can_be_overridden_and_is_checked(tmp_path: Path) -> None:

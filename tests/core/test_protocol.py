@@ -120,6 +120,47 @@ def test_unknown_board_format_is_refused() -> None:
         protocol.turn_prompt(Board(), None, "columns")
 
 
+def test_relative_view_writes_the_agents_stones_as_x_for_either_side() -> None:
+    o_to_move = Board.from_moves("2424245" + "111111" + "66")  # the stack test's board: O to move
+    x_to_move = o_to_move.drop(6)
+    for board_format in ("rows", "cells", "cells_stack_checks"):
+        # X to move: the relative view is the absolute one.
+        assert (protocol.turn_prompt(x_to_move, 6, board_format, "relative")
+                == protocol.turn_prompt(x_to_move, 6, board_format))
+    # O to move: every stone changes letter, the stack words too; empty cells and landing cells do not.
+    assert protocol.board_text(o_to_move, "cells", "relative") == protocol.board_text(
+        o_to_move, "cells").replace("x", "_").replace("o", "x").replace("_", "o")
+    assert protocol.turn_prompt(o_to_move, 5, "cells_stack", "relative").endswith(
+        "Legal columns: 1 bde ooo, 2 cae, 3 dde xxx, 4 ebe o, 5 fce o, 6 gae.")
+    assert protocol.board_text(o_to_move, "rows").split("\n")[-1] == "O X . O X O ."
+    assert protocol.board_text(o_to_move, "rows", "relative").split("\n")[-1] == "X O . X O X ."
+    assert "aax bao cae dax eao fax gae" in protocol.retry_prompt(o_to_move, "column 0 is full.", "cells", "relative")
+    # The answer does not depend on the view: it names empty cells and marks (d wins for O, b blocks X's three).
+    assert protocol.answer_text(3, o_to_move, "cells_stack_checks") == "bde block cae dde win ebe fce gae [col 3]"
+
+
+def test_a_colour_swapped_position_reads_the_same_in_the_relative_view() -> None:
+    # The same shapes, once with X to move (X's three in column 1) and once with O to move (O's three there, and
+    # one more X stone, in column 6: the first player's extra move).
+    x_to_move = Board.from_moves("252625")
+    o_to_move = Board.from_moves("7252625")
+    assert x_to_move.to_move == 1 and o_to_move.to_move == 2
+    assert protocol.board_text(x_to_move, "cells", "relative") == protocol.board_text(
+        o_to_move, "cells", "relative").replace("gao", "gae")
+    assert "bde xxx" in protocol.turn_prompt(o_to_move, 6, "cells_stack", "relative")
+    assert "bde ooo" in protocol.turn_prompt(o_to_move, 6, "cells_stack")
+
+
+def test_relative_view_system_prompt_calls_the_agent_x_and_says_who_moves_first() -> None:
+    second = protocol.system_prompt(2, "cells", "relative")
+    assert "as X" in second and "Your opponent moves first" in second
+    assert "x = yours, o = your opponent's" in second
+    assert protocol.system_prompt(1, "cells", "relative") == protocol.system_prompt(1, "cells")
+    assert "O = your opponent's" in protocol.system_prompt(2, "rows", "relative")
+    with pytest.raises(ValueError, match="allowed: absolute, relative"):
+        protocol.system_prompt(1, "cells", "mine")
+
+
 def test_a_cells_tokenizer_makes_every_cell_one_token() -> None:
     """What the format is for: each (cell, content) is one token of a tokenizer trained on the protocol's text."""
     from earl_core.agent.teacher import protocol_corpus
