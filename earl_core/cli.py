@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from earl_core.config import BOARD_FORMATS, RunConfig, apply_overrides, load_config, opponent_list
+from earl_core.config import BOARD_FORMATS, BOARD_VIEWS, RunConfig, apply_overrides, load_config, opponent_list
 from earl_core.errors import EarlError
 from earl_core.events import EventSink
 
@@ -75,7 +75,7 @@ def _print_eval(checkpoint: str, opponent: str, games: int, engine: str, seed: i
 def cmd_eval(args: argparse.Namespace) -> int:
     from earl_core.evaluate import checkpoint_limits
 
-    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format)
+    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format, board_view=args.board_view)
     return _print_eval(args.checkpoint, args.opponent, args.games, args.engine, args.seed, limits=limits,
                        temperature=args.temperature)
 
@@ -94,7 +94,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from earl_core.evaluate import checkpoint_limits
     from earl_core.play import play_in_terminal
 
-    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format)
+    limits = checkpoint_limits(args.checkpoint, board_format=args.board_format, board_view=args.board_view)
     return play_in_terminal(args.checkpoint, human_side=args.side, engine=args.engine,
                             seed=args.seed or random.randrange(1 << 30), limits=limits)
 
@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "training: against a nearly deterministic opponent greedy play repeats the same few games")
     e.add_argument("--board-format", choices=BOARD_FORMATS, help="board text in the prompts (default: the one the "
                    "checkpoint was trained with, rows for a model without earl_state.json)")
+    e.add_argument("--board-view", choices=BOARD_VIEWS, help="whose stones are X: absolute (the first player's) or "
+                   "relative (the agent's) (default: the checkpoint's, absolute for a model without earl_state.json)")
     e.set_defaults(func=cmd_eval)
     pl = sub.add_parser("play", help="play against a checkpoint in the terminal")
     pl.add_argument("--checkpoint", required=True)
@@ -132,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--engine", default="hf", choices=["vllm", "hf"])
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--board-format", choices=BOARD_FORMATS, help="board text in the prompts (default: the checkpoint's)")
+    pl.add_argument("--board-view", choices=BOARD_VIEWS, help="whose stones are X in the agent's prompts: absolute or "
+                    "relative (default: the checkpoint's)")
     pl.set_defaults(func=cmd_play)
     m = sub.add_parser("init-model", help="build a fresh model of a preset (random weights) + tokenizer in Hugging Face format")
     m.add_argument("--preset", default="tiny")

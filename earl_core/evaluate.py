@@ -117,10 +117,11 @@ def _limits(game: GameConfig, rollout: RolloutConfig) -> RunnerLimits:
                         board_format=game.board_format, board_view=game.board_view)
 
 
-def checkpoint_limits(model_dir: str, *, board_format: str | None = None) -> RunnerLimits:
+def checkpoint_limits(model_dir: str, *, board_format: str | None = None,
+                      board_view: str | None = None) -> RunnerLimits:
     """The protocol a checkpoint was trained under, from the run config its earl_state.json records (a model
-    from elsewhere -- a hub id, a folder without that file -- gets the defaults); `board_format` overrides it
-    (cells_checks also raises max_new_tokens to the CHECKS_NEW_TOKENS its answers need).
+    from elsewhere -- a hub id, a folder without that file -- gets the defaults); `board_format` and `board_view`
+    override them (a check format also raises max_new_tokens to the CHECKS_NEW_TOKENS its answers need).
 
     Only the game and rollout sections are read, each field falling back to its default: a checkpoint of an
     older version of this library (fewer or other fields elsewhere in its config) still evaluates."""
@@ -136,6 +137,8 @@ def checkpoint_limits(model_dir: str, *, board_format: str | None = None) -> Run
     limits = _limits(section(GameConfig, "game"), section(RolloutConfig, "rollout"))
     if board_format is not None:
         limits = replace(limits, board_format=GameConfig(board_format=board_format).board_format)
+    if board_view is not None:
+        limits = replace(limits, board_view=GameConfig(board_view=board_view).board_view)
     if limits.board_format in CHECK_FORMATS:
         # An override (or a model from elsewhere) keeps the default token budget, too short for a checked answer.
         limits = replace(limits, max_new_tokens=max(limits.max_new_tokens, CHECKS_NEW_TOKENS))

@@ -47,6 +47,7 @@ def test_an_older_checkpoint_without_the_field_plays_rows(tmp_path: Path) -> Non
 
 def test_the_board_format_can_be_overridden_and_is_checked(tmp_path: Path) -> None:
     assert checkpoint_limits(str(tmp_path), board_format="cells").board_format == "cells"
+    assert checkpoint_limits(str(tmp_path), board_view="relative").board_view == "relative"
     with pytest.raises(ConfigError) as info:
         checkpoint_limits(str(tmp_path), board_format="grid")
     assert info.value.field == "game.board_format" and "cells" in str(info.value.allowed)
