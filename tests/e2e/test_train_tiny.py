@@ -149,7 +149,7 @@ def test_cancel_stops_at_a_safe_point(ray_session: str, tmp_path: Path) -> None:
 
 def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_format(ray_session: str,
                                                                                    tmp_path: Path) -> None:
-    cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells"},
+    cfg = _config(tmp_path, iterations=1, trainer_workers=1, game={"board_format": "cells", "board_view": "relative"},
                   rollout=_ONE_ROLLOUT_WORKER,
                   sft={"enabled": True, "games": 8, "positions": 20, "position_source": "mixed",
                        "positions_per_conversation": 4, "epochs": 2, "batch": 8,
@@ -167,11 +167,12 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
     # lr * (1 + cos(pi * (2k - 1) / 4)) / 2.
     assert [s["sft/lr"] for s in sft] == pytest.approx([1e-3 * (1 + math.cos(math.pi / 4)) / 2,
                                                         1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2])
-    # The fresh tokenizer learned the cell words; the checkpoints record the format for eval and play.
+    # The fresh tokenizer learned the cell words; the checkpoints record the format and view for eval and play.
     tokenizer = AutoTokenizer.from_pretrained(Path(summary.run_dir) / "base_model")
     assert len(tokenizer.encode(" dax", add_special_tokens=False)) == 1
     for ckpt in ("iter_000000", "iter_000001"):
-        assert checkpoint_limits(str(cfg.run_dir / "checkpoints" / ckpt)).board_format == "cells"
+        limits = checkpoint_limits(str(cfg.run_dir / "checkpoints" / ckpt))
+        assert (limits.board_format, limits.board_view) == ("cells", "relative")
 
 
 def test_cancel_during_the_warm_start_leaves_no_starting_checkpoint(ray_session: str, tmp_path: Path) -> None:
