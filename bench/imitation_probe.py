@@ -207,9 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                  if v is not None}
     factory.MODEL_PRESETS["probe"] = dataclasses.replace(factory.MODEL_PRESETS[args.preset], **overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = create_model("probe", Path(tmp) / "model", corpus=protocol_corpus(400, seed=args.seed, board_format=args.board,
-                                                                       board_view=args.view),
-                                 seed=args.seed)
+        corpus = protocol_corpus(400, seed=args.seed, board_format=args.board, board_view=args.view)
+        model_dir = create_model("probe", Path(tmp) / "model", corpus=corpus, seed=args.seed)
         learner = Learner(model_dir, algo=AlgoConfig(lr=args.lr, micro_batch=args.micro_batch), seed=args.seed)
         encoder = ChatEncoder(learner.tokenizer)
         params = sum(q.numel() for q in learner.model.parameters())

@@ -370,8 +370,8 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     policy = teacher_policy(teacher, encoder, seed=cfg.seed, mistake_rate=cfg.sft.mistake_rate,
                             board_format=cfg.game.board_format)
     episodes = play_episodes(specs, policy, encoder,
-                             limits=RunnerLimits(max_context=cfg.rollout.max_context, board_format=cfg.game.board_format,
-                                                 board_view=cfg.game.board_view))
+                             limits=RunnerLimits(max_context=cfg.rollout.max_context,
+                                                 board_format=cfg.game.board_format, board_view=cfg.game.board_view))
     records = [e.record() for e in episodes]
     positions: list[dict[str, Any]] = []
     if cfg.sft.positions:

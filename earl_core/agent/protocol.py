@@ -71,6 +71,7 @@ _LEGAL_NOTE = {
     "cells_stack_checks": _STACK_NOTE + _CHECK_NOTE,
 }
 _CELL_CONTENT = "exo"  # Board.cell values 0 (empty), 1 (X), 2 (O)
+_SWAP_MARKS = str.maketrans("XO", "OX")  # a rows board in the relative view, second player to move
 _CELL_WORD_RE = re.compile(r"^[a-g][a-f]e$")  # an empty cell's word: what a check names
 CHECK_MARKS = ("win", "block", "gift")
 # At most 3 digits: a long run of digits is no column, and int() of thousands of digits would raise.
@@ -103,9 +104,6 @@ def board_text(board: Board, board_format: str = "rows", board_view: str = "abso
     if board_format == "rows":
         return board.to_text().translate(_SWAP_MARKS) if _swapped(board, board_view) else board.to_text()
     return "\n".join(" ".join(_cell_word(board, row, c, board_view) for c in range(7)) for row in range(5, -1, -1))
-
-
-_SWAP_MARKS = str.maketrans("XO", "OX")
 
 
 def _swapped(board: Board, board_view: str) -> bool:

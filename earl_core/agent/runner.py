@@ -65,8 +65,8 @@ def start_episode(spec: GameSpec, encoder: ChatEncoder, limits: RunnerLimits) ->
         rng=random.Random(spec.seed),
         retries_left=limits.max_invalid,
     )
-    ep.conversation.extend_context(encoder.message("system", protocol.system_prompt(spec.agent_side, limits.board_format,
-                                                                                   limits.board_view)))
+    rules = protocol.system_prompt(spec.agent_side, limits.board_format, limits.board_view)
+    ep.conversation.extend_context(encoder.message("system", rules))
     opponent_column = _opponent_moves(ep) if spec.agent_side == 2 else None
     _open_turn(ep, encoder, protocol.turn_prompt(ep.board, opponent_column, limits.board_format, limits.board_view))
     return ep
