@@ -24,11 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench_io import write_result
 from earl_core.config import load_config
 from earl_core.agent.runner import RunnerLimits
 from earl_core.evaluate import evaluate_checkpoint, run_limits
 from earl_core.loop import train
+from earl_core.models.factory import load_policy
+from earl_core.rl.losses import token_logprobs
 
 ROOT = Path(__file__).resolve().parent
 
@@ -38,6 +42,42 @@ def _eval(ckpt: str, opponent: str, games: int, seed: int, limits: RunnerLimits,
     t = time.perf_counter()
     res = evaluate_checkpoint(ckpt, opponent=opponent, games=games, seed=seed, limits=limits, temperature=temperature)
     return {**{k: v.as_dict() for k, v in res.items()}, "seconds": time.perf_counter() - t}
+
+
+def reference_step_seconds(model_dir: Path, threads: int, *, batch: int = 8, tokens: int = 2048,
+                           repeats: int = 5) -> float:
+    """Median seconds of one forward + backward pass of the run's fresh model on `batch` x `tokens` random tokens
+    with `threads` threads (a warm-start step is about this). The same work on every VM, so training times
+    measured on different VMs can be put side by side."""
+    model, _ = load_policy(str(model_dir))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats + 1):  # the first pass warms up the kernels and is dropped
+            t = time.perf_counter()
+            token_logprobs(model(input_ids=ids).logits, ids).sum().backward()
+            model.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t)
+        return sorted(times[1:])[repeats // 2]
+    finally:
+        torch.set_num_threads(previous)
+
+
+def timing(metrics: list[dict[str, Any]], train_s: float, reference_s: float) -> dict[str, Any]:
+    """Where the training time went: preparing the warm start's data, its steps, and the RL iterations."""
+    sft = [m["values"] for m in metrics if "sft/seconds" in m["values"]]
+    rl = [m["values"]["perf/iteration_s"] for m in metrics if "perf/iteration_s" in m["values"]]
+    prepare_s = sft[0]["sft/prepare_seconds"] if sft else 0.0
+    steps_s = sum(v["sft/seconds"] for v in sft)
+    steps = int(sum(v["sft/steps"] for v in sft))
+    return {"warm_start_prepare_s": prepare_s, "warm_start_steps_s": steps_s, "warm_start_steps": steps,
+            "s_per_warm_start_step": steps_s / steps if steps else None,
+            "rl_iterations": len(rl), "rl_iterations_s": sum(rl),
+            "s_per_rl_iteration": sum(rl) / len(rl) if rl else None,
+            "other_s": train_s - prepare_s - steps_s - sum(rl),  # start-up, weight syncs, checkpoints
+            "reference_step_s": reference_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     limits = run_limits(cfg)
     temperature = cfg.rollout.temperature
 
+    reference_s = reference_step_seconds(cfg.run_dir / "base_model", cfg.trainer_cpus)
     results: dict[str, Any] = {"config": cfg.to_dict(), "train_seconds": train_s, "checkpoints": ckpts,
-                               "from_warm_start": args.from_warm_start}
+                               "from_warm_start": args.from_warm_start,
+                               "timing": timing(metrics, train_s, reference_s)}
     results["start"] = {"checkpoint": start_ckpt,
                         "vs_random": _eval(start_ckpt, "random", args.random_games, 1, limits),
                         "vs_heuristic": _eval(start_ckpt, "heuristic", args.heuristic_games, 2, limits),
@@ -120,6 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntraining wall time: {train_s / 60:.1f} min (budget {args.budget_min:.0f} min"
           + (f"; RL only, warm start from {args.from_warm_start}" if args.from_warm_start else "")
           + f"), status {summary.status}")
+    t = results["timing"]
+    if t["warm_start_steps"]:
+        print(f"  warm start: data {t['warm_start_prepare_s'] / 60:.1f} min, {t['warm_start_steps']} steps in"
+              f" {t['warm_start_steps_s'] / 60:.1f} min ({t['s_per_warm_start_step']:.2f} s a step)")
+    if t["rl_iterations"]:
+        print(f"  RL: {t['rl_iterations']} iterations in {t['rl_iterations_s'] / 60:.1f} min"
+              f" ({t['s_per_rl_iteration']:.1f} s each); the rest {t['other_s'] / 60:.1f} min")
+    print(f"  this machine: {t['reference_step_s']:.2f} s for the reference step (8 x 2,048 tokens, forward +"
+          f" backward, {cfg.trainer_cpus} threads)")
     print(f"{'checkpoint':<28}{'opponent':<16}{'first':>8}{'second':>8}   (win rates; greedy unless T is given)")
     for label in ("start", "final"):
         for opp in ("vs_random", "vs_heuristic", "vs_heuristic_sampled"):

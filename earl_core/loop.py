@@ -381,10 +381,11 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
                                        board_format=cfg.game.board_format, board_view=cfg.game.board_view,
                                        per_conversation=cfg.sft.positions_per_conversation,
                                        mistake_rate=cfg.sft.mistake_rate)
+    prepare_s = time.monotonic() - started
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
                                    f" {len(positions)} conversations" if positions else "")
-                                + f", {cfg.sft.epochs} epochs (prepared in {time.monotonic() - started:.0f} s)"))
+                                + f", {cfg.sft.epochs} epochs (prepared in {prepare_s:.0f} s)"))
     lr = cfg.sft.lr
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)
@@ -403,8 +404,11 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
             losses.append(trainer.sft_step(chunk, lr)["sft/loss"])
             if step % every == 0 and step < len(batches):
                 _log_sft_progress(stream, epoch, step, len(batches), losses[-every:], time.monotonic() - epoch_started)
+        # Wall times, so a run's cost splits into preparing the teacher data, the warm start's steps and RL.
         _emit_metrics(stream, epoch, {"sft/loss": sum(losses) / max(len(losses), 1), "sft/epoch": float(epoch + 1),
-                                      "sft/steps": float(len(losses)), "sft/lr": lr})
+                                      "sft/steps": float(len(losses)), "sft/lr": lr,
+                                      "sft/seconds": time.monotonic() - epoch_started,
+                                      "sft/prepare_seconds": prepare_s})
     trainer.reset_optimizer()
     # RL's KL penalty holds the policy near where RL starts (the warm-started one, as InstructGPT's SFT model),
     # not near the random weights the warm start began with: those pull it back to noise.

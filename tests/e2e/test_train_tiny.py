@@ -163,6 +163,8 @@ def test_a_cells_run_warm_starts_on_positions_and_its_checkpoints_keep_the_forma
     assert any(m.startswith("warm start epoch 1: step 1/2, loss ") for m in logs), logs  # progress within the epoch
     sft = [e["data"]["values"] for e in got if e["type"] == "metrics" and "sft/loss" in e["data"]["values"]]
     assert sft[0]["sft/steps"] == 1 + 1  # games and positions in separate batches: 8 / 8 + ceil(20 / 4 / 8)
+    # Each epoch reports its own wall time and the data preparation both epochs share.
+    assert all(s["sft/seconds"] > 0 for s in sft) and sft[0]["sft/prepare_seconds"] == sft[1]["sft/prepare_seconds"] > 0
     # Cosine over the 4 steps of both epochs (the schedule runs across epochs): the last step of epoch k runs at
     # lr * (1 + cos(pi * (2k - 1) / 4)) / 2.
     assert [s["sft/lr"] for s in sft] == pytest.approx([1e-3 * (1 + math.cos(math.pi / 4)) / 2,
