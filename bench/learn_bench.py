@@ -27,12 +27,11 @@ from typing import Any
 import torch
 
 from bench_io import write_result
-from earl_core.config import load_config
+from earl_core.config import AlgoConfig, load_config
 from earl_core.agent.runner import RunnerLimits
 from earl_core.evaluate import evaluate_checkpoint, run_limits
 from earl_core.loop import train
-from earl_core.models.factory import load_policy
-from earl_core.rl.losses import token_logprobs
+from earl_core.rl.learner import Learner
 
 ROOT = Path(__file__).resolve().parent
 
@@ -47,20 +46,15 @@ def _eval(ckpt: str, opponent: str, games: int, seed: int, limits: RunnerLimits,
 def reference_step_seconds(model_dir: Path, threads: int, *, batch: int = 8, tokens: int = 2048,
                            repeats: int = 5) -> float:
     """Median seconds of one forward + backward pass of the run's fresh model on `batch` x `tokens` random tokens
-    with `threads` threads (a warm-start step is about this). The same work on every VM, so training times
-    measured on different VMs can be put side by side."""
-    model, _ = load_policy(str(model_dir))
+    with `threads` threads (a warm-start step is about this), timed by the trainer's own profiling pass. The same
+    work on every VM, so training times measured on different VMs can be put side by side."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
-        times = []
-        for _ in range(repeats + 1):  # the first pass warms up the kernels and is dropped
-            t = time.perf_counter()
-            token_logprobs(model(input_ids=ids).logits, ids).sum().backward()
-            model.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - t)
-        return sorted(times[1:])[repeats // 2]
+        learner = Learner(model_dir, algo=AlgoConfig(kl_coef=0.0))  # no reference model: only the policy is timed
+        # The first pass warms up the kernels and is dropped.
+        times = [learner.profile("train", batch, tokens)["seconds"] for _ in range(repeats + 1)][1:]
+        return sorted(times)[repeats // 2]
     finally:
         torch.set_num_threads(previous)
 
