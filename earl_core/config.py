@@ -14,6 +14,8 @@ import yaml
 from earl_core.errors import ConfigError
 from earl_core.rl.schedule import LR_SCHEDULES
 
+SFT_BATCHINGS = ("by_length", "shuffled")  # how the warm start cuts its batches (earl_core.rl.batch.sft_batches)
+
 CONFIG_VERSION = 1
 MAX_POSITIONS = 16384  # max_position_embeddings of the built-in model presets
 FLOAT_MAX_BITS = 1024  # ints above 2**1024 overflow a float
@@ -236,6 +238,10 @@ class SFTConfig:
     first step down along half a cosine, to near zero at the last)."""
     batch: int = 32
     """Conversations per optimiser step."""
+    batching: str = "by_length"
+    """How conversations meet in a batch: by_length (shuffled, then sorted by length within pools of 50 batches:
+    a batch is padded to its longest conversation, and the teacher games' steps cost about 2x less this way) or
+    shuffled (any lengths together: the batching of every run before it, to reproduce them)."""
     mistake_rate: float = 0.0
     """Share of teacher turns and positions (with a full column on the board) that first name a full column
     (the one the previous answer named where it is full now, else the most central), get the feedback and then
@@ -256,6 +262,7 @@ class SFTConfig:
         _check_range("sft.lr", self.lr, 1e-8, 1.0)
         _check_choice("sft.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check_range("sft.batch", self.batch, 1, 4096)
+        _check_choice("sft.batching", self.batching, SFT_BATCHINGS)
         _check_range("sft.mistake_rate", self.mistake_rate, 0.0, 1.0)
 
 

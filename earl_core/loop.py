@@ -41,6 +41,7 @@ from earl_core.ray_exec.cluster import ray_cluster
 from earl_core.ray_exec.dispatcher import Dispatcher, DispatchReport
 from earl_core.ray_exec.groups import WORKER_LOST, RolloutGroup, TrainerGroup
 from earl_core.rl.advantages import RunningBaseline
+from earl_core.rl.batch import sft_batches
 from earl_core.rl.schedule import scheduled_lr
 
 # Progress lines per warm-start epoch: an epoch is one metrics point but can take many minutes.
@@ -351,18 +352,10 @@ def _checkpoint(cfg: RunConfig, trainer: TrainerGroup, iteration: int, baseline:
     return trainer.save(str(path), {"iteration": iteration, "baseline": baseline.value, "config": cfg.to_dict()})
 
 
-def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream, *,
-                should_stop: Callable[[], bool]) -> bool:
-    """Imitate a teacher's moves (SFT on whole conversations, and on one-turn positions where configured) before
-    RL; False when a stop request ended it between two steps."""
-    encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
+def warm_start_data(cfg: RunConfig, encoder: ChatEncoder) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What the warm start imitates: the teacher's games (episode records) and its one-turn positions packed
+    `sft.positions_per_conversation` to a conversation (none where sft.positions is 0)."""
     teacher = make_opponent(cfg.sft.teacher)
-    mixed_games = (max(1, cfg.sft.positions // MIXED_POSITIONS_PER_GAME)
-                   if cfg.sft.positions and cfg.sft.position_source == "mixed" else 0)
-    # A solver teacher can take minutes here: say what is being played before the first step's metrics.
-    stream.emit(ev.Log("info", f"warm start: {cfg.sft.teacher} teacher playing {cfg.sft.games} games against"
-                               f" {cfg.sft.opponents}" + (f" and {mixed_games} mixed-play games" if mixed_games else "")))
-    started = time.monotonic()
     opponents = opponent_list(cfg.sft.opponents, "sft.opponents")
     specs = [GameSpec(index=i, group=i, agent_side=1 + i % 2, opponent=make_opponent(opponents[(i // 2) % len(opponents)]),
                       seed=cfg.seed * 7919 + i)
@@ -376,11 +369,31 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     positions: list[dict[str, Any]] = []
     if cfg.sft.positions:
         turns = (game_turns(records) if cfg.sft.position_source == "games"
-                 else mixed_play_turns(teacher, mixed_games, seed=cfg.seed))
+                 else mixed_play_turns(teacher, _mixed_games(cfg), seed=cfg.seed))
         positions = one_turn_positions(turns, encoder, cfg.sft.positions, seed=cfg.seed,
                                        board_format=cfg.game.board_format, board_view=cfg.game.board_view,
                                        per_conversation=cfg.sft.positions_per_conversation,
                                        mistake_rate=cfg.sft.mistake_rate)
+    return records, positions
+
+
+def _mixed_games(cfg: RunConfig) -> int:
+    """Mixed-play games that the warm start's positions are cut from (0 where they come from the teacher games)."""
+    return (max(1, cfg.sft.positions // MIXED_POSITIONS_PER_GAME)
+            if cfg.sft.positions and cfg.sft.position_source == "mixed" else 0)
+
+
+def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.EventStream, *,
+                should_stop: Callable[[], bool]) -> bool:
+    """Imitate a teacher's moves (SFT on whole conversations, and on one-turn positions where configured) before
+    RL; False when a stop request ended it between two steps."""
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(base))
+    mixed_games = _mixed_games(cfg)
+    # A solver teacher can take minutes here: say what is being played before the first step's metrics.
+    stream.emit(ev.Log("info", f"warm start: {cfg.sft.teacher} teacher playing {cfg.sft.games} games against"
+                               f" {cfg.sft.opponents}" + (f" and {mixed_games} mixed-play games" if mixed_games else "")))
+    started = time.monotonic()
+    records, positions = warm_start_data(cfg, encoder)
     prepare_s = time.monotonic() - started
     stream.emit(ev.Log("info", f"warm start: {len(records)} {cfg.sft.teacher} games against {cfg.sft.opponents}"
                                 + (f" and {cfg.sft.positions} positions ({cfg.sft.position_source}) in"
@@ -389,7 +402,8 @@ def _warm_start(cfg: RunConfig, trainer: TrainerGroup, base: str, stream: ev.Eve
     lr = cfg.sft.lr
     for epoch in range(cfg.sft.epochs):
         rng = random.Random(cfg.seed + epoch)
-        batches = [*_sft_batches(records, cfg.sft.batch, rng), *_sft_batches(positions, cfg.sft.batch, rng)]
+        batches = [*sft_batches(records, cfg.sft.batch, rng, batching=cfg.sft.batching),
+                   *sft_batches(positions, cfg.sft.batch, rng, batching=cfg.sft.batching)]
         rng.shuffle(batches)
         batches = [chunk for chunk in batches if len(chunk) >= cfg.trainer_workers]  # a conversation for every rank
         losses: list[float] = []
@@ -422,10 +436,3 @@ def _log_sft_progress(stream: ev.EventStream, epoch: int, step: int, steps: int,
     left_s = elapsed_s / step * (steps - step)
     stream.emit(ev.Log("info", f"warm start epoch {epoch + 1}: step {step}/{steps}, loss {sum(recent) / len(recent):.3f}"
                                f" over the last {len(recent)} steps, about {left_s / 60:.1f} min left in the epoch"))
-
-
-def _sft_batches(items: list[dict[str, Any]], size: int, rng: random.Random) -> list[list[dict[str, Any]]]:
-    """`items` shuffled and cut into batches of `size` (the last one may be smaller)."""
-    order = list(range(len(items)))
-    rng.shuffle(order)
-    return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]

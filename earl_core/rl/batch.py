@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from earl_core.config import SFT_BATCHINGS
+
+# Conversations sorted together when batching by length: 50 batches' worth, so each batch holds similar lengths
+# while which conversations meet in a batch still changes from epoch to epoch (HF Trainer's group_by_length does
+# the same with its mega-batches).
+LENGTH_POOL_BATCHES = 50
 
 
 @dataclass
@@ -65,6 +73,23 @@ def chunk_by_length(lengths: Sequence[int], size: int) -> list[list[int]]:
     (each micro-batch is padded to its longest sequence)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def sft_batches(items: Sequence[dict[str, Any]], size: int, rng: random.Random, *,
+                batching: str = "by_length") -> list[list[dict[str, Any]]]:
+    """`items` (conversations with token_ids) shuffled and cut into batches of `size`; the last may be smaller.
+    by_length sorts each pool of LENGTH_POOL_BATCHES batches by length first: a batch is padded to its longest
+    conversation, and teacher games run from ~500 to ~4,000 tokens, so shuffled batches of them spend more than
+    half their compute on padding. The batches come in length order; the caller shuffles them."""
+    if batching not in SFT_BATCHINGS:
+        raise ValueError(f"batching must be one of {SFT_BATCHINGS}, got {batching!r}")
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    if batching == "by_length":
+        pool = size * LENGTH_POOL_BATCHES  # a whole number of batches, so no batch straddles two pools
+        order = [i for start in range(0, len(order), pool)
+                 for i in sorted(order[start : start + pool], key=lambda i: len(items[i]["token_ids"]))]
+    return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
 
 
 def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
