@@ -85,11 +85,15 @@ def sft_batches(items: Sequence[dict[str, Any]], size: int, rng: random.Random, 
         raise ValueError(f"batching must be one of {SFT_BATCHINGS}, got {batching!r}")
     order = list(range(len(items)))
     rng.shuffle(order)
-    if batching == "by_length":
-        pool = size * LENGTH_POOL_BATCHES  # a whole number of batches, so no batch straddles two pools
-        order = [i for start in range(0, len(order), pool)
-                 for i in sorted(order[start : start + pool], key=lambda i: len(items[i]["token_ids"]))]
-    return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
+    if batching == "shuffled":
+        return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
+    pool = size * LENGTH_POOL_BATCHES  # a whole number of batches, so no batch straddles two pools
+    batches = []
+    for start in range(0, len(order), pool):
+        members = order[start : start + pool]
+        lengths = [len(items[i]["token_ids"]) for i in members]
+        batches += [[items[members[j]] for j in chunk] for chunk in chunk_by_length(lengths, size)]
+    return batches
 
 
 def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
