@@ -123,7 +123,7 @@ def _cell_word(board: Board, row: int, column: int, board_view: str = "absolute"
 
 def _height(board: Board, column: int) -> int:
     """Stones in `column`: the row a stone dropped there lands in."""
-    return sum(1 for row in range(6) if board.cell(row, column) != 0)
+    return board.height(column)
 
 
 def _landing_word(board: Board, column: int) -> str:

@@ -164,13 +164,14 @@ def one_turn_positions(turns: Sequence[Turn], encoder: ChatEncoder, count: int, 
     rng = random.Random(seed)
     mistakes = random.Random(seed + 1)  # draws of their own: without mistakes the positions stay as they were
     out: list[dict[str, Any]] = []
+    system = {side: encoder.message("system", protocol.system_prompt(side, board_format, board_view)) for side in sides}
     left = count if sides else 0
     while left > 0:
         side = rng.choice(sides)
         tactical, quiet = pools[side]
         chunk = [rng.choice(tactical if tactical and (not quiet or rng.random() < tactical_share) else quiet)
                  for _ in range(min(per_conversation, left))]
-        ids = encoder.message("system", protocol.system_prompt(side, board_format, board_view))
+        ids = list(system[side])
         mask = [0] * len(ids)
         previous: int | None = None
         for k, turn in enumerate(chunk):

@@ -57,13 +57,17 @@ class Board:
     solver can work on the two ints directly. Equality is by position, not by the order of the moves.
     """
 
-    __slots__ = ("_position", "_mask", "_moves", "_winner")
+    # _wins / _threats: the playable cells that win now for the side to move / its opponent, found on first use
+    # (None until then): the heuristic and the agent's prompts ask this of one board for every column.
+    __slots__ = ("_position", "_mask", "_moves", "_winner", "_wins", "_threats")
 
     def __init__(self) -> None:
         object.__setattr__(self, "_position", 0)
         object.__setattr__(self, "_mask", 0)
         object.__setattr__(self, "_moves", "")
         object.__setattr__(self, "_winner", 0)
+        object.__setattr__(self, "_wins", None)
+        object.__setattr__(self, "_threats", None)
 
     @classmethod
     def _make(cls, position: int, mask: int, moves: str, winner: int) -> Board:
@@ -72,6 +76,8 @@ class Board:
         object.__setattr__(board, "_mask", mask)
         object.__setattr__(board, "_moves", moves)
         object.__setattr__(board, "_winner", winner)
+        object.__setattr__(board, "_wins", None)
+        object.__setattr__(board, "_threats", None)
         return board
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -141,6 +147,10 @@ class Board:
             return []
         return [c for c in range(WIDTH) if not self._mask & TOP_CELLS[c]]
 
+    def height(self, column: int) -> int:
+        """Stones in 0-based ``column``: the row a stone dropped there lands in (6 when full)."""
+        return (self._mask & COLUMN_MASKS[self._column_index(column)]).bit_count()
+
     def cell(self, row: int, col: int) -> int:
         """0 empty, 1 first player, 2 second player; row 0 is the bottom."""
         if not (0 <= row < HEIGHT and 0 <= col < WIDTH):
@@ -185,8 +195,21 @@ class Board:
         column = self._column_index(column)
         if self.is_terminal():
             return False
-        hits = winning_cells(self._position, self._mask) & playable_cells(self._mask)
-        return bool(hits & COLUMN_MASKS[column])
+        return bool(self.winning_moves() & COLUMN_MASKS[column])
+
+    def winning_moves(self) -> int:
+        """Bitboard of the playable cells where the side to move would complete four in a row."""
+        if self._wins is None:
+            object.__setattr__(self, "_wins", winning_cells(self._position, self._mask) & playable_cells(self._mask))
+        return self._wins
+
+    def threatened_moves(self) -> int:
+        """Bitboard of the playable cells where the opponent would complete four in a row if it were its turn."""
+        if self._threats is None:
+            # The opponent's stones are every stone that is not the side to move's.
+            threats = winning_cells(self._position ^ self._mask, self._mask) & playable_cells(self._mask)
+            object.__setattr__(self, "_threats", threats)
+        return self._threats
 
     # --- presentation ----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Protocol, runtime_checkable
 
-from earl_core.env.connect_four import CELLS, COLUMN_MASKS, Board, playable_cells, winning_cells
+from earl_core.env.connect_four import CELLS, COLUMN_MASKS, Board
 from earl_core.env.solver import Solver
 from earl_core.errors import ConfigError, IllegalMove
 
@@ -70,9 +70,7 @@ class HeuristicOpponent:
 
 def opponent_wins_at(board: Board, column: int) -> bool:
     """Whether the opponent would win by dropping into ``column`` if it were its turn."""
-    # The opponent's stones are every stone that is not the side to move's.
-    threats = winning_cells(board.position ^ board.mask, board.mask) & playable_cells(board.mask)
-    return bool(threats & COLUMN_MASKS[column])
+    return bool(board.threatened_moves() & COLUMN_MASKS[column])
 
 
 class SolverOpponent:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from earl_core.env.connect_four import Board
+from earl_core.env.connect_four import COLUMN_MASKS, Board
 from earl_core.errors import IllegalMove
 
 # Full-board games found by seeded random play and checked by hand against the printed grid.
@@ -196,6 +196,28 @@ def test_board_agrees_with_a_plain_grid(columns: list[int]) -> None:
         assert board.is_draw() == (full and board.winner() == 0)
         assert board.legal_columns() == ([] if board.is_terminal() else [c for c in range(7) if not grid[5][c]])
         assert Board.from_moves(board.moves) == board
+        assert [board.height(c) for c in range(7)] == [sum(1 for row in range(6) if grid[row][c]) for c in range(7)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=6), max_size=42))
+def test_winning_and_threatened_moves_agree_with_dropping_a_stone(columns: list[int]) -> None:
+    """The cached bitboards of wins (side to move) and threats (its opponent) name exactly the columns where that
+    side's stone would make four, found here by dropping one."""
+    board = Board()
+    for column in columns:
+        if board.is_terminal():
+            break
+        if column in board.legal_columns():
+            board = board.drop(column)
+    if board.is_terminal():
+        return
+    # The opponent's view of the same stones: pass its turn by swapping sides (a board with the same mask).
+    swapped = Board._make(board.position ^ board.mask, board.mask, board.moves + "0", 0)
+    for c in board.legal_columns():
+        assert board.can_win_with(c) == (board.drop(c).winner() != 0)
+        assert bool(board.threatened_moves() & COLUMN_MASKS[c]) == (swapped.drop(c).winner() != 0)
+    assert board.winning_moves() == board.winning_moves()  # cached, unchanged by asking twice
 
 
 def test_random_play_statistics_match_the_anchor() -> None:
