@@ -121,19 +121,14 @@ def _cell_word(board: Board, row: int, column: int, board_view: str = "absolute"
     return "abcdefg"[column] + "abcdef"[row] + _CELL_CONTENT[_content(board, row, column, board_view)]
 
 
-def _height(board: Board, column: int) -> int:
-    """Stones in `column`: the row a stone dropped there lands in."""
-    return board.height(column)
-
-
 def _landing_word(board: Board, column: int) -> str:
     """The word of the empty cell a stone dropped in (legal) `column` lands in."""
-    return _cell_word(board, _height(board, column), column)
+    return _cell_word(board, board.height(column), column)
 
 
 def _stack_top(board: Board, column: int, board_view: str) -> str:
     """The unbroken run of like stones on top of `column`, at most three, as content letters (``oo``); '' if empty."""
-    height = _height(board, column)
+    height = board.height(column)
     top = _content(board, height - 1, column, board_view) if height else 0
     run = 0
     # A run of three is all a move can complete or must stop; a fourth like stone below would have ended the game.
