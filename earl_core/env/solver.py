@@ -17,7 +17,6 @@ from earl_core.env.connect_four import (
     CELLS,
     COLUMN_MASKS,
     Board,
-    playable_cells,
     winning_cells,
 )
 from earl_core.errors import IllegalMove
@@ -149,7 +148,7 @@ class Solver:
         if board.is_terminal():
             return finished_score(board)
         n = board.moves_played
-        if winning_cells(board.position, board.mask) & playable_cells(board.mask):
+        if board.winning_moves():
             return _win_now_score(n)
         return self._search(board, _loss_next_score(n), _win_now_score(n), depth)
 
@@ -175,7 +174,7 @@ class Solver:
                     chosen.append(column)
                 continue
             child = board.drop(column)
-            if child.is_terminal() or winning_cells(child.position, child.mask) & playable_cells(child.mask):
+            if child.is_terminal() or child.winning_moves():
                 value = -self.score(child, depth=depth - 1)
                 if value == best:
                     chosen.append(column)
