@@ -177,6 +177,10 @@ class AlgoConfig:
     sft.enabled); 0 turns the reference model off."""
     epochs: int = 1
     """Optimisation passes over each iteration's games."""
+    mini_batches: int = 1
+    """Optimiser steps per epoch (PPO's minibatches): each epoch deals the iteration's games at random into this
+    many parts and takes a step on each, so the same rollouts give more updates; the ratio clipping keeps every
+    step near the policy that played the games. 1 (default): one step on all of them."""
     micro_batch: int = 16
     """Sequences per forward/backward pass (gradients accumulate over micro-batches)."""
     max_grad_norm: float = 1.0
@@ -196,6 +200,7 @@ class AlgoConfig:
         _check_range("algo.clip_eps", self.clip_eps, 0.0, 1.0)
         _check_range("algo.kl_coef", self.kl_coef, 0.0, 10.0)
         _check_range("algo.epochs", self.epochs, 1, 100)
+        _check_range("algo.mini_batches", self.mini_batches, 1, 4096)
         _check_range("algo.micro_batch", self.micro_batch, 1, 4096)
         _check_range("algo.max_grad_norm", self.max_grad_norm, 0.0, 1e6)
         _check_range("algo.baseline_decay", self.baseline_decay, 0.0, 1.0)
@@ -428,6 +433,11 @@ class RunConfig:
         if self.games_per_iteration < self.trainer_workers:
             raise ConfigError("trainer_workers", f"{self.trainer_workers} ranks but only {self.games_per_iteration} games "
                               "per iteration", allowed=f"1..{self.games_per_iteration} (rollout.groups x rollout.group_size)")
+        per_rank = self.games_per_iteration // self.trainer_workers
+        if self.algo.mini_batches > per_rank:
+            raise ConfigError("algo.mini_batches", f"{self.algo.mini_batches} mini-batches but {per_rank} games per trainer "
+                              "rank an iteration", allowed=f"1..{per_rank} (rollout.groups x rollout.group_size / "
+                                                           "trainer_workers)")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ConfigError("output_dir", "must be a non-empty path", allowed="a folder path")
         if self.sft.enabled and self.sft.batch < self.trainer_workers:

@@ -107,6 +107,19 @@ def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
     return out
 
 
+def mini_batch_rows(size: int, parts: int, rng: random.Random) -> list[list[int]]:
+    """Row indices of `parts` optimiser steps over `size` sequences: shuffled, then dealt in turn, so the parts'
+    sizes differ by at most one and each mixes the iteration's groups and opponents. One part keeps every row in
+    order (the one-step-per-epoch default, unchanged). A part is empty where there are fewer rows than parts."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    rows = list(range(size))
+    if parts == 1:
+        return [rows]
+    rng.shuffle(rows)
+    return [rows[k::parts] for k in range(parts)]
+
+
 def micro_batch_indices(batch: TrainBatch, size: int) -> Iterator[list[int]]:
     """Row indices of the micro-batches of `batch` (see chunk_by_length)."""
     yield from chunk_by_length(batch.attention_mask.sum(dim=1).tolist(), size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from earl_core.parallel.tensor_parallel import (check_tp_degree, clip_grad_norm,
                                                 full_state_dict, load_full_optimizer_state, load_full_state_dict,
                                                 local, shard_model)
 from earl_core.rl.advantages import answer_weights
-from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, pack
+from earl_core.rl.batch import TrainBatch, micro_batch_indices, micro_batches, mini_batch_rows, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -164,46 +165,60 @@ class Learner:
                 "memory/train_peak_bytes": float(train_peak.bytes)}
 
     def rl_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`algo.epochs` optimiser steps over the batch; loss is the mean over agent tokens of all ranks, each token
-        weighted by its answer's credit (`algo.turn_discount`; 1 by default)."""
+        """`algo.epochs` passes over the batch, each `algo.mini_batches` optimiser steps on parts of it; a step's
+        loss is the mean over its part's agent tokens of all ranks, each token weighted by its answer's credit
+        (`algo.turn_discount`; 1 by default). Metrics are the last epoch's."""
         assert batch.old_logprobs is not None, "call prepare() first"
         metrics: dict[str, float] = {}
         for _ in range(self.algo.epochs):
-            # policy, kl, clipped, ratio, credit-weighted tokens (the mean's divisor), tokens
+            # policy, kl, clipped, ratio, credit-weighted tokens (the mean's divisor), tokens; summed over the parts
             sums = torch.zeros(6, dtype=torch.float64)
-            self.optimizer.zero_grad(set_to_none=True)
-            chunks = list(micro_batches(batch, self.train_micro_batch))
-            idle = self._lockstep(len(chunks)) - len(chunks)
-            for mb in chunks:
-                if float(mb.action_mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
-                    continue
-                # Every per-token term and the token count carry the answer's credit (the plain mask by default).
-                mask = answer_weights(mb.action_mask, self.algo.turn_discount).to(self.device)
-                logp = self._logprobs(self.model, mb)
-                pg, clipped, ratio = clipped_policy_loss(
-                    logp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device), mask, clip_eps=self.algo.clip_eps
-                )
-                loss = pg
-                kl = torch.zeros((), device=self.device)
-                if self.reference is not None and self.algo.kl_coef > 0:
-                    kl = kl_to_reference(logp, mb.ref_logprobs.to(self.device), mask)
-                    loss = loss + self.algo.kl_coef * kl
-                loss.backward()
-                sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item(),
-                                      mb.action_mask.sum().item()], dtype=torch.float64)
-            for _ in range(idle):
-                self._idle_pass(backward=True)
-            grad_norm = self._apply_gradients(sums)
+            norms: list[float] = []
+            # Seeded by the step count: the same run deals the same parts, whatever the rank (all ranks agree).
+            for rows in mini_batch_rows(batch.size, self.algo.mini_batches, random.Random(self.steps)):
+                part = self._policy_gradients(batch, rows)
+                norms.append(self._apply_gradients(part))  # reduces `part` over the ranks in place
+                sums += part
             tokens = max(sums[4].item(), 1.0)
             metrics = {
                 "losses/policy_loss": sums[0].item() / tokens,
                 "losses/kl": sums[1].item() / tokens,
                 "losses/clip_frac": sums[2].item() / tokens,
                 "losses/ratio_mean": sums[3].item() / tokens,
-                "losses/grad_norm": grad_norm,
+                "losses/grad_norm": sum(norms) / len(norms),
                 "perf/train_tokens": sums[5].item(),
             }
         return metrics
+
+    def _policy_gradients(self, batch: TrainBatch, rows: list[int]) -> torch.Tensor:
+        """Zero the gradients, then accumulate the clipped policy loss (plus the KL penalty) of `rows` of `batch`,
+        micro-batch by micro-batch, as sums over their tokens. Returns the sums: policy, kl, clipped, ratio,
+        credit-weighted tokens, tokens. No rows (a rank with fewer games than parts) contribute nothing, but the
+        rank still joins the step's collectives."""
+        sums = torch.zeros(6, dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = list(micro_batches(batch.slice(rows), self.train_micro_batch)) if rows else []
+        idle = self._lockstep(len(chunks)) - len(chunks)
+        for mb in chunks:
+            if float(mb.action_mask.sum()) == 0 and not self.fsdp:  # under FSDP every pass counts for the lockstep
+                continue
+            # Every per-token term and the token count carry the answer's credit (the plain mask by default).
+            mask = answer_weights(mb.action_mask, self.algo.turn_discount).to(self.device)
+            logp = self._logprobs(self.model, mb)
+            pg, clipped, ratio = clipped_policy_loss(
+                logp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device), mask, clip_eps=self.algo.clip_eps
+            )
+            loss = pg
+            kl = torch.zeros((), device=self.device)
+            if self.reference is not None and self.algo.kl_coef > 0:
+                kl = kl_to_reference(logp, mb.ref_logprobs.to(self.device), mask)
+                loss = loss + self.algo.kl_coef * kl
+            loss.backward()
+            sums += torch.tensor([pg.item(), kl.item(), clipped.item(), ratio.item(), mask.sum().item(),
+                                  mb.action_mask.sum().item()], dtype=torch.float64)
+        for _ in range(idle):
+            self._idle_pass(backward=True)
+        return sums
 
     def _apply_gradients(self, sums: torch.Tensor) -> float:
         """Average gradients over every agent token of every rank, clip, step. `sums` is reduced in place."""

@@ -5,7 +5,8 @@ x TP in 2-D, four processes). Each rank trains two learners from the same folder
 data-parallel ranks (and split by TP), fed only its data-parallel rank's share of the games (the first three, or
 the last one, so the ranks run different numbers of micro-batches), and a plain single-process learner fed every
 game (the reference). It compares losses, gradient norms and weights after an SFT step and an RL step, checks that
-moving into and out of the sharded layout is bit-exact, and saves a checkpoint from the sharded learner. Rank 0
+moving into and out of the sharded layout is bit-exact, takes an RL step in two mini-batches (one of
+them empty on the rank with one game), and saves a checkpoint from the sharded learner. Rank 0
 writes the measured figures as JSON.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -97,6 +99,14 @@ def main() -> None:
     s3, p3 = sharded.sft_step(mine, lr=1e-3), plain.sft_step(records, lr=1e-3)
     result["after_relayout"] = {"grad_norm": [s3["sft/grad_norm"], p3["sft/grad_norm"]],
                                 "weights": _diff(full_state_dict(sharded.model), plain.state_dict())}
+
+    # Two mini-batches: rank 1 holds one game, so one of its parts is empty and it joins that step's passes
+    # and collectives with nothing of its own; both steps must still count every rank's tokens.
+    sharded.algo = replace(sharded.algo, mini_batches=2)
+    steps = sharded.steps
+    s4 = sharded.rl_step(sharded.prepare(mine, share))
+    result["mini_batches"] = {"steps": sharded.steps - steps, "tokens": s4["perf/train_tokens"],
+                              "all_tokens": p2["perf/train_tokens"]}
 
     out = Path(args.out)
     saved = sharded.save(out.with_name("checkpoint"), extra={"iteration": 1}, write=args.rank == 0)

@@ -47,6 +47,11 @@ def test_rl_step_counts_every_ranks_tokens(fsdp2: dict) -> None:
     assert sharded == plain
 
 
+def test_mini_batches_step_together_when_a_rank_has_no_game_in_a_part(fsdp2: dict) -> None:
+    m = fsdp2["mini_batches"]
+    assert m["steps"] == 2 and m["tokens"] == m["all_tokens"]
+
+
 def test_switching_into_and_out_of_fsdp_is_bit_exact(fsdp2: dict) -> None:
     assert fsdp2["relayout"]["weights_exact"] and fsdp2["relayout"]["optimizer_exact"]
 

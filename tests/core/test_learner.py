@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from earl_core.agent.runner import GameSpec, RunnerLimits, play_episodes
 from earl_core.agent.teacher import teacher_policy
 from earl_core.config import AlgoConfig
 from earl_core.env.opponents import HeuristicOpponent, RandomOpponent
+from earl_core.rl.batch import mini_batch_rows
 from earl_core.rl.learner import Learner
 
 
@@ -49,6 +51,30 @@ def test_rl_step_follows_advantages(protocol_model: Path, teacher_records: list[
     assert sum(d for d, a in zip(delta, adv) if a > 0) > sum(d for d, a in zip(delta, adv) if a < 0)
     assert metrics["perf/train_tokens"] == sum(sum(r["action_mask"]) for r in teacher_records)
     assert 0 <= metrics["losses/clip_frac"] <= 1
+
+
+def test_mini_batches_step_on_each_part_against_the_games_own_old_logprobs(protocol_model: Path,
+                                                                            teacher_records: list[dict]) -> None:
+    """algo.mini_batches=2: one rl_step is two optimiser steps, one per part of the games as mini_batch_rows deals
+    them, both against the log-probs of the policy that played (not re-computed between the steps) -- the same
+    weights as a one-part learner stepped on the two parts of one prepared batch in turn."""
+    adv = [1.0, -1.0, 0.5, -0.5] * 2
+    split = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3, mini_batches=2, kl_coef=0.1), seed=0)
+    whole = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3, kl_coef=0.1), seed=0)
+    m = split.rl_step(split.prepare(teacher_records, adv))
+    assert split.steps == 2
+    batch = whole.prepare(teacher_records, adv)
+    parts = mini_batch_rows(len(teacher_records), 2, random.Random(0))
+    assert all(parts)
+    for rows in parts:
+        whole.rl_step(batch.slice(rows))
+    for k, v in whole.state_dict().items():
+        assert torch.allclose(v, split.state_dict()[k], atol=1e-6), k
+    assert m["perf/train_tokens"] == sum(sum(r["action_mask"]) for r in teacher_records)  # both parts counted
+    once = Learner(protocol_model, algo=AlgoConfig(lr=1e-3, micro_batch=3, kl_coef=0.1), seed=0)
+    once.rl_step(once.prepare(teacher_records, adv))
+    assert once.steps == 1
+    assert any(not torch.allclose(v, split.state_dict()[k], atol=1e-6) for k, v in once.state_dict().items())
 
 
 def test_kl_reference_and_checkpoint_round_trip(protocol_model: Path, teacher_records: list[dict], tmp_path: Path) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from earl_core.rl.advantages import RunningBaseline, answer_weights, grpo_advantages
-from earl_core.rl.batch import micro_batches, pack
+from earl_core.rl.batch import micro_batches, mini_batch_rows, pack
 from earl_core.rl.losses import clipped_policy_loss, kl_to_reference, token_logprobs
 
 
@@ -85,3 +86,20 @@ def test_answer_weights_discount_each_answer_by_its_distance_from_the_end() -> N
                           [0] * 10]
     assert torch.equal(answer_weights(mask, 1.0), mask)  # no discount: the mask itself, bit for bit
     assert answer_weights(mask, 0.0).tolist()[0] == [0, 0, 0, 0, 0, 0, 0, 1, 1, 0]  # only the last answer counts
+
+
+@pytest.mark.parametrize(("size", "parts"), [(64, 4), (10, 3), (7, 7), (3, 5), (5, 1)])
+def test_mini_batch_rows_deal_every_row_once_in_near_equal_parts(size: int, parts: int) -> None:
+    rows = mini_batch_rows(size, parts, random.Random(0))
+    assert len(rows) == parts
+    assert sorted(r for part in rows for r in part) == list(range(size))
+    assert max(map(len, rows)) - min(map(len, rows)) <= 1
+
+
+def test_mini_batch_rows_one_part_keeps_the_order_and_more_parts_shuffle() -> None:
+    assert mini_batch_rows(6, 1, random.Random(0)) == [[0, 1, 2, 3, 4, 5]]
+    parts = mini_batch_rows(64, 2, random.Random(0))
+    assert parts != [list(range(0, 64, 2)), list(range(1, 64, 2))]  # dealt after a shuffle, not by position
+    assert mini_batch_rows(64, 2, random.Random(0)) == parts  # the seed decides the deal
+    with pytest.raises(ValueError):
+        mini_batch_rows(4, 0, random.Random(0))
