@@ -174,7 +174,8 @@ class Learner:
             # policy, kl, clipped, ratio, credit-weighted tokens (the mean's divisor), tokens; summed over the parts
             sums = torch.zeros(6, dtype=torch.float64)
             norms: list[float] = []
-            # Seeded by the step count: the same run deals the same parts, whatever the rank (all ranks agree).
+            # Seeded by the step count (restored on resume): a rerun deals the same parts. Each rank deals its own
+            # games; the ranks agree on the number of parts (config), and step k reduces part k of every rank.
             for rows in mini_batch_rows(batch.size, self.algo.mini_batches, random.Random(self.steps)):
                 part = self._policy_gradients(batch, rows)
                 norms.append(self._apply_gradients(part))  # reduces `part` over the ranks in place
